@@ -1,0 +1,45 @@
+"""flightlog: the flight recorder and cockpit of model-training runs.
+
+    import flightlog
+    with flightlog.init(output_dir="output", run_name="llama3-lora", task_type="sft") as run:
+        for step in range(1, 501):
+            ...
+            run.log({"loss": loss, "learning_rate": lr}, step=step)
+
+This module only re-exports; it imports nothing heavy (no torch, no pandas).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+from flightlog.config import Config, ConfigError
+from flightlog.pipeline.processors import DropRecord
+from flightlog.run import Run, current_run, event, finish, init, log
+
+if TYPE_CHECKING:
+    import pandas
+
+
+def load(path_or_run: Any, **kwargs: Any) -> "pandas.DataFrame":
+    """Read a run's records into a pandas DataFrame (see :func:`flightlog.store.reader.load`)."""
+    from flightlog.store.reader import load as _load
+
+    return _load(path_or_run, **kwargs)
+
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DropRecord",
+    "Run",
+    "__version__",
+    "current_run",
+    "event",
+    "finish",
+    "init",
+    "load",
+    "log",
+]

@@ -1,0 +1,282 @@
+"""One validated configuration object, built from keyword arguments, a YAML file and
+``FLIGHTLOG_*`` environment variables.
+
+Precedence, lowest first: defaults < YAML file < environment < keyword arguments.
+A bad value fails at ``init`` with a :class:`ConfigError` that names the key, where the
+value came from and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from flightlog.protocol import LEVELS
+
+ENV_PREFIX = "FLIGHTLOG_"
+# FLIGHTLOG_* variables read by other parts of flightlog, not config keys.
+RESERVED_ENV = frozenset({"FLIGHTLOG_HOME", "FLIGHTLOG_CONFIG", "FLIGHTLOG_TOKEN"})
+
+FSYNC_POLICIES = ("never", "flush", "finish")
+FULL_POLICIES = ("block", "drop_oldest")
+CONSOLE_STREAMS = ("stdout", "stderr")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Everything a run can be told. Each field is a key in kwargs, YAML and env."""
+
+    output_dir: str = "output"
+    """The trainer's output directory; logs go to ``OUTPUT_DIR/logs`` unless ``log_dir`` says otherwise."""
+    log_dir: str | None = None
+    """Where ``train.jsonl`` and ``run.json`` go (default ``OUTPUT_DIR/logs``)."""
+    run_name: str | None = None
+    """Human name of the run (default: the output directory's name)."""
+    run_id: str | None = None
+    """Stable id; default: the id found in the log directory, else a new time-ordered id."""
+    task_type: str | None = None
+    """sft, dpo, ppo, kto, pretrain, embedding, reranker, moe, ... (free text)."""
+    model_name: str | None = None
+    dataset: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's hyper-parameters, recorded in ``run_start`` and ``run.json``."""
+    logging_steps: int = 1
+    """Write a metrics record only every N steps (events are always written)."""
+    max_logging_steps_per_epoch: int | None = None
+    """At most this many metrics records per epoch (spread evenly when ``steps_per_epoch`` is known)."""
+    steps_per_epoch: int | None = None
+    max_steps: int | None = None
+    """Total optimizer steps, shown as ``Step 45/500`` on the console."""
+    resumed_from_step: int | None = None
+    """This process continues the run from a checkpoint at this step; later records of earlier segments are superseded."""
+    sinks: list[Any] = field(default_factory=lambda: ["jsonl", "console"])
+    """Sink names (jsonl, console, csv, ...) or sink objects."""
+    log_level: str = "INFO"
+    """Events below this level are not recorded."""
+    flush_interval: float = 1.0
+    """Seconds between flushes; a record is on disk at most this long after ``log``."""
+    fsync: str = "finish"
+    """never: leave it to the OS; flush: fsync at every flush; finish: fsync when the run ends."""
+    queue_size: int = 100_000
+    """Records the queue holds before ``on_full`` applies."""
+    on_full: str = "block"
+    """block: the caller waits (with one warning); drop_oldest: oldest records are dropped and counted."""
+    compress: bool = False
+    """Write the stream as gzip segments ``train.NNNNN.jsonl.gz``."""
+    segment_bytes: int = 64 * 1024 * 1024
+    """Rotate a gzip segment when its compressed size passes this."""
+    csv_compress: bool = False
+    """Write the CSV sink's file as ``metrics.csv.gz``."""
+    redact: bool = True
+    """Mask API keys, tokens and passwords in everything written."""
+    redact_drop: list[str] = field(default_factory=list)
+    """Field names whose values are removed (e.g. prompt)."""
+    redact_hash: list[str] = field(default_factory=list)
+    """Field names whose values are replaced by a stable hash (e.g. file paths)."""
+    heartbeat_interval: float = 10.0
+    """Seconds between heartbeats in ``run.json``; a run silent for 3x this is taken as crashed."""
+    console_stream: str = "stdout"
+    install_signal_handlers: bool = True
+    """Flush and mark the run on SIGTERM/SIGINT (main thread only)."""
+
+    def __post_init__(self) -> None:
+        validate(self, {})
+
+    @property
+    def resolved_log_dir(self) -> Path:
+        return Path(self.log_dir) if self.log_dir else Path(self.output_dir) / "logs"
+
+    @property
+    def level_number(self) -> int:
+        return (LEVELS.index(self.log_level) + 1) * 10
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _positive_int(v: Any) -> bool:
+    return type(v) is int and v >= 1
+
+
+def _optional(check: Any) -> Any:
+    return lambda v: v is None or check(v)
+
+
+def _positive_number(v: Any) -> bool:
+    return type(v) in (int, float) and v > 0 and v == v and v != float("inf")
+
+
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _choice(*allowed: str) -> Any:
+    return lambda v: v in allowed
+
+
+def _sinks(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) or hasattr(x, "write") for x in v)
+
+
+# key -> (check, description of what is allowed)
+RULES: dict[str, tuple[Any, str]] = {
+    "output_dir": (lambda v: isinstance(v, (str, os.PathLike)) and str(v) != "", "a non-empty path"),
+    "log_dir": (_optional(lambda v: isinstance(v, (str, os.PathLike))), "a path"),
+    "run_name": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string"),
+    "run_id": (
+        _optional(lambda v: isinstance(v, str) and v != "" and all(c.isalnum() or c in "-_." for c in v)),
+        "letters, digits, '-', '_' and '.'",
+    ),
+    "task_type": (_optional(lambda v: isinstance(v, str)), "a string such as sft, dpo, ppo, embedding, moe"),
+    "model_name": (_optional(lambda v: isinstance(v, str)), "a string"),
+    "dataset": (_optional(lambda v: isinstance(v, str)), "a string"),
+    "config": (lambda v: isinstance(v, Mapping), "a mapping of hyper-parameters"),
+    "logging_steps": (_positive_int, "an integer >= 1"),
+    "max_logging_steps_per_epoch": (_optional(_positive_int), "an integer >= 1 or null"),
+    "steps_per_epoch": (_optional(_positive_int), "an integer >= 1 or null"),
+    "max_steps": (_optional(_positive_int), "an integer >= 1 or null"),
+    "resumed_from_step": (_optional(lambda v: type(v) is int and v >= 0), "an integer >= 0 or null"),
+    "sinks": (_sinks, "a list of sink names (jsonl, console, csv, ...) or sink objects"),
+    "log_level": (_choice(*LEVELS), "one of " + ", ".join(LEVELS)),
+    "flush_interval": (lambda v: _positive_number(v) and v <= 60, "a number of seconds > 0 and <= 60"),
+    "fsync": (_choice(*FSYNC_POLICIES), "one of " + ", ".join(FSYNC_POLICIES)),
+    "queue_size": (_positive_int, "an integer >= 1"),
+    "on_full": (_choice(*FULL_POLICIES), "one of " + ", ".join(FULL_POLICIES)),
+    "compress": (lambda v: type(v) is bool, "true or false"),
+    "segment_bytes": (lambda v: type(v) is int and v >= 4096, "an integer >= 4096"),
+    "csv_compress": (lambda v: type(v) is bool, "true or false"),
+    "redact": (lambda v: type(v) is bool, "true or false"),
+    "redact_drop": (_str_list, "a list of field names"),
+    "redact_hash": (_str_list, "a list of field names"),
+    "heartbeat_interval": (_positive_number, "a number of seconds > 0"),
+    "console_stream": (_choice(*CONSOLE_STREAMS), "one of " + ", ".join(CONSOLE_STREAMS)),
+    "install_signal_handlers": (lambda v: type(v) is bool, "true or false"),
+}
+assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
+
+
+def validate(config: Config, sources: Mapping[str, str]) -> None:
+    """Raise ConfigError for the first field whose value is not allowed."""
+    for key, (check, allowed) in RULES.items():
+        value = getattr(config, key)
+        if not check(value):
+            where = f" (from {sources[key]})" if key in sources else ""
+            raise ConfigError(f"flightlog config: {key}={value!r}{where} is not allowed; expected {allowed}")
+
+
+def _unknown_key(key: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, FIELDS, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(
+        f"flightlog config: unknown key {key!r} (from {source}){hint} Known keys: {', '.join(FIELDS)}"
+    )
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_env(key: str, text: str, env_name: str) -> Any:
+    """Turn an environment string into the field's type; errors name the variable."""
+    kind = str(FIELDS[key].type)
+    try:
+        if kind.startswith("bool"):
+            low = text.strip().lower()
+            if low not in _TRUE | _FALSE:
+                raise ValueError
+            return low in _TRUE
+        if kind.startswith("int") or kind.startswith("int |"):
+            return None if text.strip().lower() in ("", "none", "null") else int(text)
+        if kind.startswith("float"):
+            return float(text)
+        if kind.startswith("list"):
+            return [part.strip() for part in text.split(",") if part.strip()]
+        if kind.startswith("dict"):
+            import json
+
+            return json.loads(text)
+        if kind.startswith("str | None"):
+            return text or None
+        return text
+    except ValueError:
+        allowed = RULES[key][1]
+        raise ConfigError(
+            f"flightlog config: {key}={text!r} (from {env_name}) is not allowed; expected {allowed}"
+        ) from None
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The flightlog section of a YAML file (a top-level ``flightlog:`` key, or the whole file)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise ConfigError(f"flightlog config: cannot read config_file {str(path)!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"flightlog config: config_file {str(path)!r} is not valid YAML: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("flightlog"), dict):
+        data = data["flightlog"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"flightlog config: config_file {str(path)!r} must hold a mapping of keys")
+    return data
+
+
+def build_config(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Config:
+    """Merge defaults, YAML, environment and keyword arguments into one validated Config."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    config_file = config_file or env.get("FLIGHTLOG_CONFIG")
+    if config_file:
+        for key, value in read_yaml(config_file).items():
+            if key not in FIELDS:
+                raise _unknown_key(str(key), f"config_file {str(config_file)!r}")
+            values[key], sources[key] = value, f"config_file {str(config_file)!r}"
+
+    for env_name, text in env.items():
+        if not env_name.startswith(ENV_PREFIX) or env_name in RESERVED_ENV:
+            continue
+        key = env_name[len(ENV_PREFIX):].lower()
+        if key not in FIELDS:
+            raise _unknown_key(key, f"environment variable {env_name}")
+        values[key], sources[key] = _parse_env(key, text, env_name), env_name
+
+    for key, value in kwargs.items():
+        if key not in FIELDS:
+            raise _unknown_key(key, "keyword arguments")
+        if value is not None or key not in values:
+            values[key], sources[key] = value, "keyword arguments"
+
+    for key in ("output_dir", "log_dir"):
+        if isinstance(values.get(key), os.PathLike):
+            values[key] = os.fspath(values[key])
+    if isinstance(values.get("config"), Mapping):
+        values["config"] = dict(values["config"])
+    if isinstance(values.get("sinks"), tuple):
+        values["sinks"] = list(values["sinks"])
+
+    config = Config.__new__(Config)
+    for name, fld in FIELDS.items():
+        if name in values:
+            setattr(config, name, values[name])
+        elif fld.default_factory is not dataclasses.MISSING:
+            setattr(config, name, fld.default_factory())
+        else:
+            setattr(config, name, fld.default)
+    validate(config, sources)
+    return config

@@ -1,0 +1,1 @@
+"""The writer pipeline: a bounded queue, one writer thread, processors and sinks."""

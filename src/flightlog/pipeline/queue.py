@@ -1,0 +1,87 @@
+"""The bounded hand-off between the training thread and the writer thread.
+
+``put`` is a ``deque.append`` (atomic under the GIL, ~50 ns) plus a length check.
+The writer drains in chunks. When the queue is full the policy decides: ``block``
+(default) makes the caller wait for the writer and warns once; ``drop_oldest``
+discards the oldest record and counts it. Records are never dropped silently.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+from typing import Any, Callable
+
+
+class RecordQueue:
+    def __init__(self, maxsize: int, on_full: str = "block") -> None:
+        if on_full not in ("block", "drop_oldest"):
+            raise ValueError(f"on_full must be 'block' or 'drop_oldest', got {on_full!r}")
+        self.maxsize = maxsize
+        self.on_full = on_full
+        self._items: deque[Any] = deque()
+        self.dropped = 0
+        self.blocked_seconds = 0.0
+        self._warned = False
+        # Set by the queue when it wants the writer to drain now (full, or closing).
+        self.wake = threading.Event()
+        # Set by the writer after each drain, so a blocked producer can go on.
+        self.space = threading.Event()
+        self.put: Callable[[Any], None] = self._put_block if on_full == "block" else self._put_drop
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _put_block(self, item: Any) -> None:
+        items = self._items
+        if len(items) >= self.maxsize:
+            self._wait_for_space()
+        items.append(item)
+
+    def _put_drop(self, item: Any) -> None:
+        items = self._items
+        if len(items) >= self.maxsize:
+            try:
+                items.popleft()
+                self.dropped += 1
+            except IndexError:
+                pass
+            self.wake.set()
+        items.append(item)
+
+    def _wait_for_space(self) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"flightlog: the record queue is full ({self.maxsize} records); log() waits for the writer. "
+                "Raise queue_size, log less often (logging_steps), or set on_full='drop_oldest'.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        start = time.perf_counter()
+        while len(self._items) >= self.maxsize:
+            self.space.clear()
+            self.wake.set()
+            self.space.wait(0.05)
+        self.blocked_seconds += time.perf_counter() - start
+
+    def put_urgent(self, item: Any) -> None:
+        """Enqueue ignoring the bound (flightlog's own events, end-of-run records)."""
+        self._items.append(item)
+        self.wake.set()
+
+    def drain(self, limit: int) -> list[Any]:
+        """Up to ``limit`` items, oldest first (writer thread only)."""
+        items = self._items
+        out = []
+        pop = items.popleft
+        try:
+            for _ in range(min(limit, len(items))):
+                out.append(pop())
+        except IndexError:
+            pass
+        if out:
+            self.space.set()
+        return out

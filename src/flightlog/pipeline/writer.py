@@ -1,0 +1,277 @@
+"""The writer thread: drain the queue, finish records, hand batches to the sinks.
+
+Everything that costs time happens here, never on the training thread: formatting
+timestamps, resolving tensors (waiting on CUDA events with the GIL released),
+processors, redaction, rules, JSON encoding and I/O. Records are processed in small
+chunks so that the thread gives the GIL back often (a single C call encoding a huge
+batch would stall the training thread for a whole switch interval).
+
+A failing sink or processor never stops the thread: failures are counted, and
+reported as ``event`` records (rate-limited) through the sinks that still work.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Iterable
+
+from flightlog.pipeline.processors import DropRecord, Processor, Record
+from flightlog.pipeline.queue import RecordQueue
+from flightlog.protocol import EVENT, format_timestamp
+from flightlog.sinks.base import Sink
+from flightlog.values import resolve_record
+
+CHUNK = 256  # records finished per pass; small enough to release the GIL often
+ERROR_REPORT_INTERVAL = 60.0  # seconds between repeated reports of the same failure
+
+# A queued item: (type, unix time, step, epoch, fields).
+Item = tuple[str, float, Any, Any, dict[str, Any]]
+
+
+class Writer:
+    """Owns the sinks; all their methods are called from this thread only."""
+
+    def __init__(
+        self,
+        queue: RecordQueue,
+        sinks: Iterable[Sink],
+        *,
+        run_id: str,
+        processors: Iterable[Processor] = (),
+        flush_interval: float = 1.0,
+        heartbeat: Callable[["Writer"], None] | None = None,
+        heartbeat_interval: float = 10.0,
+        name: str = "flightlog-writer",
+    ) -> None:
+        self.queue = queue
+        self.sinks: list[Sink] = list(sinks)
+        self.run_id = run_id
+        self.processors: list[Processor] = list(processors)
+        self.flush_interval = flush_interval
+        self.heartbeat = heartbeat
+        self.heartbeat_interval = heartbeat_interval
+        # Counters, read by the run for run.json and tests.
+        self.records_written = 0
+        self.sink_failures: dict[str, int] = {}
+        self.processor_failures: dict[str, int] = {}
+        self.rejected_values = 0
+        self.last_write_time: float | None = None
+        # Extra records emitted while processing (alerts from rules, failure events).
+        self._emitted: list[Record] = []
+        self._last_report: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        self._flush_lock = threading.Condition()
+        self._flush_requested = 0
+        self._flush_done = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._closed_sinks = False
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Block until everything queued before this call is written and flushed."""
+        if not self._thread.is_alive():
+            return False
+        with self._flush_lock:
+            self._flush_requested += 1
+            ticket = self._flush_requested
+            self.queue.wake.set()
+            return self._flush_lock.wait_for(lambda: self._flush_done >= ticket, timeout)
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Drain, flush and close every sink; returns False if the thread did not finish in time."""
+        self._stop.set()
+        self.queue.wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def emit(self, record: Record) -> None:
+        """Add a finished record (e.g. an alert) to the batch being processed (writer thread)."""
+        record.setdefault("timestamp", format_timestamp(time.time()))
+        record.setdefault("run_id", self.run_id)
+        self._emitted.append(record)
+
+    # ------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        queue = self.queue
+        next_flush = time.monotonic() + self.flush_interval
+        next_beat = time.monotonic() + self.heartbeat_interval
+        while True:
+            stopping = self._stop.is_set()
+            timeout = max(0.0, next_flush - time.monotonic())
+            if not stopping:
+                queue.wake.wait(timeout)
+                queue.wake.clear()
+            try:
+                self._drain()
+                now = time.monotonic()
+                flush_wanted = self._flush_requested > self._flush_done
+                if now >= next_flush or flush_wanted or self._stop.is_set():
+                    # Requests made up to here are covered by this flush.
+                    ticket = self._flush_requested
+                    self._flush_sinks()
+                    next_flush = now + self.flush_interval
+                    with self._flush_lock:
+                        self._flush_done = ticket
+                        self._flush_lock.notify_all()
+                if self.heartbeat is not None and now >= next_beat:
+                    next_beat = now + self.heartbeat_interval
+                    self._call_heartbeat()
+            except Exception:  # never let the thread die
+                self._report("writer", "internal", "".join(traceback.format_exc(limit=5)))
+            if self._stop.is_set() and len(queue) == 0 and not self._emitted:
+                break
+        self._close_sinks()
+        with self._flush_lock:
+            self._flush_done = self._flush_requested
+            self._flush_lock.notify_all()
+
+    def _drain(self) -> None:
+        queue = self.queue
+        while True:
+            items = queue.drain(CHUNK)
+            if not items and not self._emitted:
+                return
+            batch = self._finish(items)
+            if batch:
+                self._write(batch)
+
+    def _finish(self, items: list[Item]) -> list[Record]:
+        run_id = self.run_id
+        fmt = format_timestamp
+        processors = self.processors
+        out: list[Record] = []
+        problems: list[str] = []
+        for kind, t, step, epoch, fields in items:
+            record: Record = {"type": kind, "timestamp": fmt(t), "run_id": run_id}
+            if step is not None:
+                record["step"] = step
+            if epoch is not None:
+                record["epoch"] = epoch
+            record.update(fields)
+            resolve_record(record, problems)
+            if problems:
+                self.rejected_values += len(problems)
+                for message in problems:
+                    self._report("values", message.split(":")[0], message + " (value dropped; the rest of the record was kept)")
+                problems.clear()
+            kept = self._process(record, processors)
+            if kept is None:
+                continue
+            out.append(kept)
+            if self._emitted:
+                out.extend(self._take_emitted(processors))
+        if self._emitted:
+            out.extend(self._take_emitted(processors))
+        return out
+
+    def _take_emitted(self, processors: list[Processor]) -> list[Record]:
+        emitted, self._emitted = self._emitted, []
+        result = []
+        for record in emitted:
+            resolve_record(record, [])
+            kept = self._process(record, processors, emitted=True)
+            if kept is not None:
+                result.append(kept)
+        return result
+
+    def _process(self, record: Record, processors: list[Processor], emitted: bool = False) -> Record | None:
+        for processor in processors:
+            if emitted and getattr(processor, "skip_emitted", False):
+                continue
+            try:
+                result = processor(record)
+            except DropRecord:
+                return None
+            except Exception as exc:
+                name = getattr(processor, "__name__", type(processor).__name__)
+                self.processor_failures[name] = self.processor_failures.get(name, 0) + 1
+                self._report(f"processor {name}", type(exc).__name__, f"processor {name} failed: {type(exc).__name__}: {exc}; skipped it for this record")
+                continue
+            if result is None:
+                return None
+            record = result
+        return record
+
+    def _write(self, batch: list[Record]) -> None:
+        for sink in self.sinks:
+            try:
+                sink.write(batch)
+            except Exception as exc:
+                self._sink_failed(sink, "write", exc)
+        self.records_written += len(batch)
+        self.last_write_time = time.time()
+
+    def _flush_sinks(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.flush()
+            except Exception as exc:
+                self._sink_failed(sink, "flush", exc)
+
+    def _close_sinks(self) -> None:
+        if self._closed_sinks:
+            return
+        self._closed_sinks = True
+        # Failure events from the last flush still need writing before closing.
+        try:
+            self._drain()
+        except Exception:
+            pass
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                self._sink_failed(sink, "close", exc)
+                try:
+                    self._drain()
+                except Exception:
+                    pass
+
+    def _call_heartbeat(self) -> None:
+        try:
+            self.heartbeat(self)  # type: ignore[misc]
+        except Exception as exc:
+            self._report("heartbeat", type(exc).__name__, f"could not update run.json: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ failures
+    def _sink_failed(self, sink: Sink, what: str, exc: BaseException) -> None:
+        name = getattr(sink, "name", type(sink).__name__)
+        self.sink_failures[name] = self.sink_failures.get(name, 0) + 1
+        detail = f"{type(exc).__name__}: {exc}"
+        self._report(
+            f"sink {name}",
+            type(exc).__name__,
+            f"sink {name!r} failed to {what} ({detail}); training continues, "
+            f"{self.sink_failures[name]} failure(s) so far",
+        )
+
+    def _report(self, source: str, kind: str, message: str) -> None:
+        """Record a failure as an event, at most once a minute per (source, kind)."""
+        now = time.monotonic()
+        key = (source, kind)
+        last = self._last_report.get(key)
+        if last is not None and now - last < ERROR_REPORT_INTERVAL:
+            return
+        self._last_report[key] = now
+        print(f"flightlog: {message}", file=sys.stderr)
+        self._emitted.append(
+            {
+                "type": EVENT,
+                "timestamp": format_timestamp(time.time()),
+                "run_id": self.run_id,
+                "level": "ERROR" if source != "values" else "WARNING",
+                "source": f"flightlog/{source}",
+                "message": message,
+            }
+        )

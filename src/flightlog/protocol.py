@@ -1,0 +1,161 @@
+"""The log protocol: record types, field names, timestamps and strict-JSON encoding.
+
+Every part of flightlog (writer, sinks, loaders, importers, server) speaks this one
+format, so it lives in a module that imports nothing else from the package.
+See ``docs/protocol.md`` for the full description with ``jq`` examples.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timezone
+from typing import Any, Final
+
+import orjson
+
+SCHEMA_VERSION: Final = 1
+
+# Record types.
+RUN_START: Final = "run_start"
+METRICS: Final = "metrics"
+EVENT: Final = "event"
+ALERT: Final = "alert"
+CHECKPOINT: Final = "checkpoint"
+RUN_END: Final = "run_end"
+RECORD_TYPES: Final = frozenset({RUN_START, METRICS, EVENT, ALERT, CHECKPOINT, RUN_END})
+
+# Fields every record carries, in the order they are written.
+ENVELOPE: Final = ("type", "timestamp", "run_id", "step", "epoch")
+
+# Seed metric names (ms-swift's vocabulary); user metrics are free snake_case names.
+SEED_METRICS: Final = (
+    "loss",
+    "learning_rate",
+    "grad_norm",
+    "grad_norm_adapter",
+    "grad_norm_backbone",
+    "gpu_memory_mb",
+    "gpu_memory_peak_mb",
+    "gpu_memory_total_mb",
+    "throughput_samples_per_sec",
+    "throughput_tokens_per_sec",
+    "step_time_s",
+    "data_time_s",
+    "stage",
+    "precision",
+)
+EVAL_PREFIX: Final = "eval_"
+
+LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LEVEL_NUMBERS: Final = {name: 10 * (i + 1) for i, name in enumerate(LEVELS)}
+
+RUN_STATUSES: Final = ("running", "finished", "failed", "interrupted")
+CHECKPOINT_STATUSES: Final = ("saved", "loaded", "rejected")
+
+# File names inside a run directory.
+STREAM_FILE: Final = "train.jsonl"
+RUN_FILE: Final = "run.json"
+
+# Non-finite floats are written as these strings (strict JSON has no NaN).
+_NONFINITE_TO_STR: Final = {math.inf: "Infinity", -math.inf: "-Infinity"}
+NONFINITE_STRINGS: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def nonfinite_to_str(value: float) -> str:
+    """The protocol's string for a non-finite float."""
+    return "NaN" if value != value else _NONFINITE_TO_STR[value]
+
+
+class _TimestampFormatter:
+    """ISO-8601 UTC with milliseconds, cached per second (strftime is slow)."""
+
+    __slots__ = ("_second", "_prefix")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, t: float) -> str:
+        second = int(t)
+        if second != self._second:
+            self._second = second
+            self._prefix = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._prefix}.{int((t - second) * 1000):03d}Z"
+
+
+format_timestamp = _TimestampFormatter()
+
+
+def now_timestamp() -> str:
+    return format_timestamp(time.time())
+
+
+def parse_timestamp(text: str) -> float:
+    """Seconds since the epoch from a protocol timestamp."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def make_finite(value: Any) -> Any:
+    """Replace non-finite floats (also nested in dicts and lists) by protocol strings."""
+    if type(value) is float:
+        return value if value - value == 0.0 else nonfinite_to_str(value)
+    if isinstance(value, dict):
+        return {k: make_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [make_finite(v) for v in value]
+    return value
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One strict-JSON line (with the newline) for a record whose values are JSON-ready.
+
+    The caller guarantees non-finite floats were already turned into strings
+    (the writer's resolve step does this in the same pass that resolves tensors).
+    """
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+
+
+def dumps(obj: Any) -> bytes:
+    """Strict JSON for arbitrary protocol data, non-finite floats included."""
+    return orjson.dumps(make_finite(obj), option=orjson.OPT_NON_STR_KEYS | orjson.OPT_INDENT_2)
+
+
+def restore_nonfinite(record: dict[str, Any]) -> dict[str, Any]:
+    """Turn the protocol's "NaN"/"Infinity"/"-Infinity" strings back into floats.
+
+    Only top-level values are restored: those are the metric fields. Nested
+    structures (config, summaries) keep their strings, as a reader of the raw file sees them.
+    """
+    for key, value in record.items():
+        if type(value) is str and value in NONFINITE_STRINGS:
+            record[key] = NONFINITE_STRINGS[value]
+    return record
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    """One record from one line; raises ``ValueError`` for anything that is not a JSON object."""
+    obj = orjson.loads(line)
+    if type(obj) is not dict:
+        raise ValueError(f"a record must be a JSON object, got {type(obj).__name__}")
+    return restore_nonfinite(obj)
+
+
+def superseded_after(run_starts: list[dict[str, Any]]) -> dict[int, float]:
+    """For each segment, the step after which its records are superseded.
+
+    A segment that resumed from step ``r`` makes every earlier segment's records with a
+    step greater than ``r`` obsolete (they were produced by a process whose progress was
+    lost). A segment without ``resumed_from_step`` only appends. Returns
+    ``{segment: limit}``; segments without a later resume map to ``inf``.
+    """
+    segments = sorted({int(r.get("segment", 0)) for r in run_starts})
+    resumes = {int(r.get("segment", 0)): r.get("resumed_from_step") for r in run_starts}
+    limits: dict[int, float] = {}
+    floor = math.inf
+    for seg in reversed(segments):
+        limits[seg] = floor
+        resumed = resumes.get(seg)
+        if seg > 0 and resumed is not None:
+            floor = min(floor, float(resumed))
+    return limits

@@ -1,0 +1,36 @@
+"""Sinks: one module a sink, one small interface (:class:`~flightlog.sinks.base.Sink`).
+
+``build_sink(name, config)`` constructs the built-in sinks by name; optional backends
+import their dependency inside their own module, so naming a sink is what pays for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from flightlog.sinks.base import BaseSink, Record, Sink
+
+if TYPE_CHECKING:
+    from flightlog.config import Config
+
+# name -> "module:factory"; the factory takes (config, run_dir) and returns a Sink.
+BUILTIN_SINKS: dict[str, str] = {
+    "jsonl": "flightlog.sinks.jsonl:from_config",
+    "console": "flightlog.sinks.console:from_config",
+    "csv": "flightlog.sinks.csv:from_config",
+}
+
+
+def build_sink(name: str, config: "Config", run_dir: Any) -> Sink:
+    """A built-in sink by name; raises ``ValueError`` naming the known sinks."""
+    try:
+        target = BUILTIN_SINKS[name]
+    except KeyError:
+        known = ", ".join(sorted(BUILTIN_SINKS))
+        raise ValueError(f"unknown sink {name!r}; known sinks: {known}") from None
+    module_name, factory = target.split(":")
+    return getattr(importlib.import_module(module_name), factory)(config, run_dir)
+
+
+__all__ = ["BUILTIN_SINKS", "BaseSink", "Record", "Sink", "build_sink"]

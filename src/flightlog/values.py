@@ -1,0 +1,136 @@
+"""Metric values: a cheap snapshot on the training thread, full resolution on the writer.
+
+On the training thread only two things happen: plain Python values pass through
+untouched, and a CUDA tensor is copied to pinned host memory with
+``non_blocking=True`` plus a CUDA event recorded behind the copy. No ``.item()``, no
+synchronisation. The writer thread later waits on the event (``Event.synchronize``
+releases the GIL) and reads the number.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Types that need no snapshot and no resolution beyond the non-finite check.
+PLAIN_TYPES = frozenset({float, int, bool, str, type(None)})
+
+
+class PendingTensor:
+    """A device tensor being copied to the host; resolved by the writer thread."""
+
+    __slots__ = ("host", "event")
+
+    def __init__(self, host: Any, event: Any) -> None:
+        self.host = host
+        self.event = event
+
+    def resolve(self) -> Any:
+        if self.event is not None:
+            self.event.synchronize()  # releases the GIL while the device finishes the copy
+        return _tensor_value(self.host)
+
+
+def _tensor_value(tensor: Any) -> Any:
+    if tensor.numel() == 1:
+        return tensor.item()
+    return tensor.tolist()
+
+
+def snapshot_value(value: Any) -> Any:
+    """Called on the training thread for a non-plain value: capture it without syncing."""
+    module = type(value).__module__
+    if module.startswith("torch"):
+        if value.is_cuda:
+            import torch
+
+            host = value.detach().to("cpu", non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            return PendingTensor(host, event)
+        # A CPU tensor: detach now so later in-place updates of a graph leaf do not matter.
+        return PendingTensor(value.detach(), None)
+    return value
+
+
+def snapshot(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A private copy of the user's metrics; device tensors start their host copy."""
+    out = dict(metrics)
+    for key, value in out.items():
+        if type(value) not in PLAIN_TYPES:
+            out[key] = snapshot_value(value)
+    return out
+
+
+class UnsupportedValue(TypeError):
+    """A metric value that cannot be written faithfully."""
+
+
+def resolve_value(value: Any, key: str) -> Any:
+    """The JSON-ready form of one value; raises UnsupportedValue naming the key."""
+    kind = type(value)
+    if kind is float:
+        return value if value - value == 0.0 else ("NaN" if value != value else ("Infinity" if value > 0 else "-Infinity"))
+    if kind in PLAIN_TYPES:
+        return value
+    if kind is PendingTensor:
+        return resolve_value(value.resolve(), key)
+    if kind is dict:
+        return {str(k): resolve_value(v, f"{key}.{k}") for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [resolve_value(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    module = kind.__module__
+    if module == "numpy":
+        if getattr(value, "ndim", 1) == 0 or not hasattr(value, "ndim"):
+            return resolve_value(value.item(), key)
+        if value.size <= 64:
+            return resolve_value(value.tolist(), key)
+        raise UnsupportedValue(
+            f"metric {key!r}: numpy array of shape {tuple(value.shape)} is too large to log as a value "
+            "(log a scalar or a summary such as its mean)"
+        )
+    if module.startswith("torch"):
+        if getattr(value, "numel", None) and value.numel() > 64:
+            raise UnsupportedValue(
+                f"metric {key!r}: tensor of shape {tuple(value.shape)} is too large to log as a value "
+                "(log a scalar or a summary such as its mean)"
+            )
+        return resolve_value(snapshot_value(value), key)
+    if isinstance(value, float):  # float subclasses
+        return resolve_value(float(value), key)
+    if isinstance(value, int):  # int subclasses, IntEnum
+        return int(value)
+    if isinstance(value, str):
+        return str(value)
+    raise UnsupportedValue(
+        f"metric {key!r}: values of type {kind.__module__}.{kind.__qualname__} cannot be logged; "
+        "use numbers, strings, bools, None, lists, dicts, numpy scalars or 0-d tensors"
+    )
+
+
+def resolve_record(record: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """Resolve every value in place; unsupported values are dropped and described in ``problems``."""
+    bad: list[str] = []
+    for key, value in record.items():
+        kind = type(value)
+        if kind is float:
+            if value - value != 0.0:
+                record[key] = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+            continue
+        if kind in PLAIN_TYPES:
+            continue
+        try:
+            record[key] = resolve_value(value, key)
+        except UnsupportedValue as exc:
+            problems.append(str(exc))
+            bad.append(key)
+        except Exception as exc:  # a tensor whose copy failed, a broken __float__ ...
+            problems.append(f"metric {key!r}: could not be read ({type(exc).__name__}: {exc})")
+            bad.append(key)
+    for key in bad:
+        del record[key]
+    return record
+
+
+def is_finite_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
