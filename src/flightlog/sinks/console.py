@@ -22,7 +22,13 @@ from flightlog.protocol import LEVEL_NUMBERS, parse_timestamp
 from flightlog.sinks.base import BaseSink, Record
 
 # Envelope fields never shown as metrics.
-_HIDDEN = frozenset({"type", "timestamp", "run_id", "step", "epoch", "gpu_memory_mb", "gpu_memory_total_mb", "learning_rate", "step_time_s", "segment", "rank"})
+_HIDDEN = frozenset({
+    "type", "timestamp", "run_id", "step", "epoch", "gpu_memory_mb", "gpu_memory_total_mb", "learning_rate",
+    "step_time_s", "segment", "rank",
+    # Recorded in the stream, too detailed for the one-line view.
+    "data_time_s", "throughput_samples_per_sec", "throughput_tokens_per_sec", "stage", "precision",
+    "gpu_memory_peak_mb",
+})
 # The seeds' fixed order after epoch; everything else follows in record order.
 _LEADING = ("loss", "learning_rate", "grad_norm")
 
@@ -61,7 +67,7 @@ def format_metrics(record: Record, max_steps: int | None = None) -> str:
         parts.append(f"gpu_mem {mem / 1024:.1f}GB/{total / 1024:.1f}GB" if isinstance(total, (int, float)) else f"gpu_mem {mem / 1024:.1f}GB")
     step_time = record.get("step_time_s")
     if isinstance(step_time, (int, float)):
-        parts.append(f"time {step_time:.2f}s/step")
+        parts.append(f"time {step_time:.2f}s/step" if step_time >= 0.1 else f"time {step_time:.3f}s/step")
     for key, value in record.items():
         if key in _HIDDEN or key in _LEADING or key in ("grad_norm",):
             continue

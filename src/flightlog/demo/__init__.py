@@ -1,0 +1,1 @@
+"""A real tiny training run, recorded by flightlog (``flightlog demo``)."""
