@@ -67,8 +67,13 @@ class Collectors:
         self._pending: dict[str, Any] | None = None
         self._hook: Any = None
         self._last_summary = 0
-        if self.grads is not None and optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
-            self._hook = optimizer.register_step_pre_hook(self._pre_step)
+        if self.grads is not None and optimizer is not None:
+            inner = optimizer
+            # Wrappers (Accelerate's AcceleratedOptimizer, ...) hold the real optimizer, whose hooks fire.
+            while not hasattr(inner, "_optimizer_step_pre_hooks") and hasattr(inner, "optimizer"):
+                inner = inner.optimizer
+            if hasattr(inner, "_optimizer_step_pre_hooks"):
+                self._hook = inner.register_step_pre_hook(self._pre_step)
 
     # ------------------------------------------------------------------ wiring
     def attach(self, run: "Run") -> None:
