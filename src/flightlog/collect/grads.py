@@ -39,6 +39,7 @@ class GradNorms:
         self.params = params
         self.is_adapter = is_adapter
         self.has_adapter = any(is_adapter)
+        self._groups: dict[Any, Any] = {}
 
     def compute(self) -> dict[str, Any]:
         """The norms as 0-d float32 tensors on the gradients' device (empty dict if no gradient)."""
@@ -55,13 +56,17 @@ class GradNorms:
             return {}
         norms = _stacked_norms(torch, grads)
         squares = norms * norms
-        out: dict[str, Any] = {"grad_norm": squares.sum().sqrt()}
-        if self.has_adapter:
-            mask = torch.tensor(adapter, device=norms.device)
-            zero = torch.zeros((), dtype=squares.dtype, device=squares.device)
-            out["grad_norm_adapter"] = torch.where(mask, squares, zero).sum().sqrt()
-            out["grad_norm_backbone"] = torch.where(mask, zero, squares).sum().sqrt()
-        return out
+        if not self.has_adapter:
+            return {"grad_norm": squares.sum().sqrt()}
+        # One matrix-vector product sums the squares per group: [adapter, backbone].
+        key = (norms.device, tuple(adapter))
+        groups = self._groups.get(key)
+        if groups is None:
+            flags = torch.tensor(adapter, dtype=torch.float32)
+            groups = torch.stack([flags, 1.0 - flags]).to(norms.device)
+            self._groups = {key: groups}  # the set of parameters with gradients rarely changes
+        split = (groups @ squares).sqrt()
+        return {"grad_norm": squares.sum().sqrt(), "grad_norm_adapter": split[0], "grad_norm_backbone": split[1]}
 
 
 def _stacked_norms(torch: Any, grads: list[Any]) -> Any:
