@@ -263,9 +263,7 @@ def load_polars(
     limits = superseded_after(scan.run_starts)
     frames = []
     for kind, lines in scan.lines.items():
-        frame = _frame_from_lines(lines, scan.report)
-        frame = frame.with_columns(pl.Series("segment", scan.segments[kind], dtype=pl.Int64))
-        frames.append(frame)
+        frames.append(_frame_from_lines(lines, scan.segments[kind], scan.report))
     if not frames:
         return pl.DataFrame({"type": [], "timestamp": [], "step": []}, schema={"type": pl.String, "timestamp": pl.String, "step": pl.Int64})
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
@@ -281,24 +279,27 @@ def load_polars(
     return frame
 
 
-def _frame_from_lines(lines: list[bytes], report: ScanReport) -> "polars.DataFrame":
+def _frame_from_lines(lines: list[bytes], segments: list[int], report: ScanReport) -> "polars.DataFrame":
     import polars as pl
 
-    data = b"\n".join(lines)
     try:
-        frame = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
+        frame = pl.read_ndjson(io.BytesIO(b"\n".join(lines)), infer_schema_length=None)
     except Exception:
         # A corrupt line somewhere: validate line by line, keep the good ones.
-        good = []
-        for number, line in enumerate(lines, start=1):
+        good, good_segments = [], []
+        for number, (line, segment) in enumerate(zip(lines, segments), start=1):
             try:
                 orjson.loads(line)
-                good.append(line)
             except orjson.JSONDecodeError as exc:
                 report.corrupt_lines += 1
                 if report.corrupt_lines <= 10:
                     report.note(f"flightlog: skipped unreadable record {number}: {exc}")
+                continue
+            good.append(line)
+            good_segments.append(segment)
         frame = pl.read_ndjson(io.BytesIO(b"\n".join(good)), infer_schema_length=None) if good else pl.DataFrame()
+        segments = good_segments
+    frame = frame.with_columns(pl.Series("segment", segments, dtype=pl.Int64))
     return _restore_numeric(frame)
 
 
