@@ -14,8 +14,12 @@ def test_import_does_not_pull_heavy_modules():
 
 
 def test_import_time_under_150ms():
-    """The best of five cold imports takes under 150 ms (interpreter start excluded)."""
-    code = "import time; t = time.perf_counter(); import flightlog; print(time.perf_counter() - t)"
+    """The best of five cold imports takes under 150 ms of CPU (interpreter start excluded).
+
+    CPU time rather than wall time: on a shared 2-core machine the wall clock also counts
+    the time other processes held the cores.
+    """
+    code = "import time; t = time.process_time(); import flightlog; print(time.process_time() - t)"
     times = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) for _ in range(5)]
     assert min(times) < 0.150, times
 

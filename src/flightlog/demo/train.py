@@ -45,7 +45,7 @@ def train(
     batch_size: int = 128,
     context: int = 16,
     lr: float = 3e-3,
-    warmup: int = 30,
+    warmup: int = 100,
     logging_steps: int = 10,
     eval_steps: int = 500,
     seed: int = 0,
@@ -56,7 +56,7 @@ def train(
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)
-    corpus = make_corpus(60_000, seed)
+    corpus = make_corpus(600_000, seed)
     vocab = sorted(set(corpus))
     index = {c: i for i, c in enumerate(vocab)}
     data = torch.tensor([index[c] for c in corpus], dtype=torch.long)
