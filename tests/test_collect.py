@@ -208,3 +208,46 @@ def test_collect_package_does_not_import_torch() -> None:
     code = "import flightlog, flightlog.collect, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_collectors_never_sync_on_cuda(tmp_path: Path) -> None:
+    """StepTimer with every collector on a CUDA LoRA-like model under sync_debug_mode('error'):
+    no host-device sync on the training thread; GPU memory, grad norms and the memory summary land."""
+    torch.manual_seed(0)
+    model = nn.Sequential(LoRALinear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
+    model[2].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=20)
+    x = torch.randn(64, 256, device="cuda")
+    run = make_run(tmp_path, logging_steps=10)
+    timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, scheduler=sched, memory_summary_steps=20), batch_size=64)
+
+    def step() -> None:
+        with timer.step() as s:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            s.log(loss=loss.detach())
+
+    for _ in range(10):  # warm-up outside the check: CUDA context, allocator, kernels
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(50):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    run.finish()
+    recs = records(run)
+    assert [r["step"] for r in recs] == [10, 20, 30, 40, 50, 60]
+    for r in recs:
+        assert r["gpu_memory_mb"] > 0 and r["gpu_memory_peak_mb"] >= r["gpu_memory_mb"] and r["gpu_memory_total_mb"] > 1000
+        assert r["grad_norm_adapter"] > 0 and r["grad_norm_backbone"] == 0.0
+        assert r["grad_norm"] == pytest.approx(r["grad_norm_adapter"], rel=1e-5)
+    summaries = [e for e in records(run, "event") if e.get("kind") == "memory_summary"]
+    assert [e["step"] for e in summaries] == [20, 40, 60] and "PyTorch CUDA memory summary" in summaries[0]["message"]

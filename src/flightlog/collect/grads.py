@@ -1,8 +1,8 @@
 """Gradient norms, total and split between adapter (LoRA) and backbone parameters.
 
-One fused ``torch._foreach_norm`` over every gradient (one kernel launch per device and
-dtype instead of one per parameter), then the per-group norms come from the stacked
-per-parameter norms. The results stay tensors: nothing here calls ``.item()``, so the
+One fused ``torch._foreach_norm`` per group (adapter, backbone) gives the per-parameter
+norms in one launch instead of one per parameter; the group norm is the norm of those,
+and the total is ``hypot(adapter, backbone)``. The results stay tensors: nothing here calls ``.item()``, so the
 training thread never waits for the device; the writer thread reads the numbers.
 """
 
@@ -39,48 +39,45 @@ class GradNorms:
         self.params = params
         self.is_adapter = is_adapter
         self.has_adapter = any(is_adapter)
-        self._groups: dict[Any, Any] = {}
 
     def compute(self) -> dict[str, Any]:
-        """The norms as 0-d float32 tensors on the gradients' device (empty dict if no gradient)."""
+        """The norms as 0-d float32 tensors on the gradients' device (empty dict if no gradient).
+
+        One fused norm call per group (and device); no host data is copied to the device,
+        so this is safe under ``torch.cuda.set_sync_debug_mode("error")``.
+        """
         import torch
 
-        grads: list[Any] = []
-        adapter: list[bool] = []
+        if not self.has_adapter:
+            grads = [p.grad.detach() for p in self.params if p.grad is not None]
+            return {"grad_norm": _group_norm(torch, grads)} if grads else {}
+        adapter: list[Any] = []
+        backbone: list[Any] = []
         for param, is_adapter in zip(self.params, self.is_adapter):
             grad = param.grad
             if grad is not None:
-                grads.append(grad.detach())
-                adapter.append(is_adapter)
-        if not grads:
+                (adapter if is_adapter else backbone).append(grad.detach())
+        if not adapter and not backbone:
             return {}
-        norms = _stacked_norms(torch, grads)
-        squares = norms * norms
-        if not self.has_adapter:
-            return {"grad_norm": squares.sum().sqrt()}
-        # One matrix-vector product sums the squares per group: [adapter, backbone].
-        key = (norms.device, tuple(adapter))
-        groups = self._groups.get(key)
-        if groups is None:
-            flags = torch.tensor(adapter, dtype=torch.float32)
-            groups = torch.stack([flags, 1.0 - flags]).to(norms.device)
-            self._groups = {key: groups}  # the set of parameters with gradients rarely changes
-        split = (groups @ squares).sqrt()
-        return {"grad_norm": squares.sum().sqrt(), "grad_norm_adapter": split[0], "grad_norm_backbone": split[1]}
+        device = (adapter or backbone)[0].device
+        a = _group_norm(torch, adapter) if adapter else torch.zeros((), dtype=torch.float32, device=device)
+        b = _group_norm(torch, backbone) if backbone else torch.zeros((), dtype=torch.float32, device=device)
+        if a.device != b.device:
+            b = b.to(a.device, non_blocking=True)
+        return {"grad_norm": torch.hypot(a, b), "grad_norm_adapter": a, "grad_norm_backbone": b}
 
 
-def _stacked_norms(torch: Any, grads: list[Any]) -> Any:
-    """Per-gradient L2 norms as one float32 vector, in the order of ``grads``."""
-    devices = {g.device for g in grads}
-    if len(devices) == 1:
-        return torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
-    # Model parallel across devices: one fused call per device, gathered on the first.
-    target = grads[0].device
-    order: dict[Any, list[int]] = {}
-    for i, g in enumerate(grads):
-        order.setdefault(g.device, []).append(i)
-    result = torch.empty(len(grads), dtype=torch.float32, device=target)
-    for device, idx in order.items():
-        part = torch.stack(torch._foreach_norm([grads[i] for i in idx], 2.0, dtype=torch.float32))
-        result[torch.tensor(idx, device=target)] = part.to(target, non_blocking=True)
-    return result
+def _group_norm(torch: Any, grads: list[Any]) -> Any:
+    """L2 norm over a list of gradients: fused per-tensor norms, then the norm of those.
+
+    Gradients on several devices (model parallel) are reduced per device first; the
+    partial norms are gathered on the first gradient's device.
+    """
+    first = grads[0].device
+    if all(g.device == first for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)))
+    by_device: dict[Any, list[Any]] = {}
+    for g in grads:
+        by_device.setdefault(g.device, []).append(g)
+    parts = [_group_norm(torch, group).to(first, non_blocking=True) for group in by_device.values()]
+    return torch.linalg.vector_norm(torch.stack(parts))
