@@ -142,3 +142,35 @@ def test_only_the_main_process_writes(tmp_path: Path) -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(TypeError, match="flightlog.Run"):
         FlightlogCallback("run")  # type: ignore[arg-type]
+
+
+def test_swift_plugin_registers_with_both_ms_swift_generations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ms-swift is not installable here: its two registries are stood in by modules holding
+    the same objects (ms-swift 4: callbacks_map[name](args, trainer); ms-swift 3: extra_callbacks)."""
+    import subprocess
+    import sys
+    import types
+
+    from flightlog.integrations import swift_plugin
+
+    v4 = types.ModuleType("swift.callbacks.mapping")
+    v4.callbacks_map = {"early_stop": object}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "swift", types.ModuleType("swift"))
+    monkeypatch.setitem(sys.modules, "swift.callbacks", types.ModuleType("swift.callbacks"))
+    monkeypatch.setitem(sys.modules, "swift.callbacks.mapping", v4)
+    assert swift_plugin.register(task_type="sft") == ["swift.callbacks callbacks_map['flightlog']"]
+    callback = v4.callbacks_map["flightlog"]("training-args", "trainer")  # type: ignore[attr-defined]
+    assert isinstance(callback, FlightlogCallback) and callback.task_type == "sft"
+
+    monkeypatch.delitem(sys.modules, "swift.callbacks.mapping")
+    monkeypatch.delitem(sys.modules, "swift.callbacks")
+    v3 = types.ModuleType("swift.plugin")
+    v3.extra_callbacks = []  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "swift.plugin", v3)
+    assert swift_plugin.register() == ["swift.plugin.extra_callbacks"]
+    assert swift_plugin.register() == ["swift.plugin.extra_callbacks"]
+    assert [type(c) for c in v3.extra_callbacks] == [FlightlogCallback]  # type: ignore[attr-defined]
+
+    out = subprocess.run([sys.executable, "-m", "flightlog.integrations.swift_plugin"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == swift_plugin.__file__
+
