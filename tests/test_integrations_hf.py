@@ -53,12 +53,13 @@ def train(tmp_path: Path, callback: FlightlogCallback, **overrides: Any) -> Any:
         dataloader_num_workers=0, seed=0, disable_tqdm=True,
     )
     options.update(overrides)
+    resume = options.pop("resume_from_checkpoint", None)
     args = transformers.TrainingArguments(**options)
     trainer = transformers.Trainer(
         model=tiny_lora_llama(), args=args, train_dataset=TokenDataset(256), eval_dataset=TokenDataset(16, seed=1),
         callbacks=[callback],
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 
@@ -66,7 +67,8 @@ def train(tmp_path: Path, callback: FlightlogCallback, **overrides: Any) -> Any:
 def test_records_equal_log_history_and_adapter_norms(tmp_path: Path) -> None:
     """Every log_history entry is one metrics record with the same step, epoch and values;
     the frozen backbone reads grad_norm_backbone == 0 while the adapter's norm is the whole norm."""
-    trainer = train(tmp_path, FlightlogCallback(task_type="sft", dataset="counting", sinks=["jsonl"], install_signal_handlers=False))
+    callback = FlightlogCallback(task_type="sft", dataset="counting", sinks=["jsonl"], install_signal_handlers=False)
+    trainer = train(tmp_path, callback)
     history = trainer.state.log_history
     records = read(tmp_path / "out" / "logs")
     metrics = [r for r in records if r["type"] == "metrics"]
@@ -111,6 +113,31 @@ def test_records_equal_log_history_and_adapter_norms(tmp_path: Path) -> None:
     messages = [r["message"] for r in records if r["type"] == "event"]
     assert any(m.startswith("Evaluation at step 10: eval_loss=") for m in messages)
     assert records[-1]["type"] == "run_end" and records[-1]["status"] == "finished"
+
+    # trainer.evaluate() after train(): the finished run is reopened as a segment that only appends.
+    trainer.evaluate()
+    callback.run.finish()
+    more = read(tmp_path / "out" / "logs")[len(records):]
+    assert more[0]["type"] == "run_start" and more[0]["segment"] == 1 and more[0]["resumed_from_step"] is None
+    assert more[0]["run_id"] == start["run_id"]
+    assert [r["step"] for r in more if r["type"] == "metrics" and "eval_loss" in r] == [30]
+
+
+@pytest.mark.slow
+def test_resumed_training_continues_the_run(tmp_path: Path) -> None:
+    """Training resumed from checkpoint-10 is segment 1 of the same run, resumed_from_step=10;
+    the loader hides nothing it should not and every step appears once."""
+    opts = dict(logging_steps=5, eval_strategy="no", save_strategy="steps", save_steps=10, logging_first_step=False)
+    train(tmp_path, FlightlogCallback(sinks=["jsonl"], install_signal_handlers=False), max_steps=10, **opts)
+    train(tmp_path, FlightlogCallback(sinks=["jsonl"], install_signal_handlers=False), max_steps=20,
+          resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-10"), **opts)
+    records = read(tmp_path / "out" / "logs")
+    starts = [r for r in records if r["type"] == "run_start"]
+    assert [(s["segment"], s["resumed_from_step"]) for s in starts] == [(0, None), (1, 10)]
+    assert len({r["run_id"] for r in records}) == 1
+    frame = flightlog.load(tmp_path / "out" / "logs")
+    losses = frame[frame["loss"].notna()] if "loss" in frame else frame
+    assert losses["step"].tolist() == [5, 10, 15, 20]
 
 
 @pytest.mark.slow

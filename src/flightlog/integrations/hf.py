@@ -86,26 +86,44 @@ class FlightlogCallback(TrainerCallback):
         self._tokens = 0
 
     # ------------------------------------------------------------------ start
+    def _ensure_run(self, args: Any, state: Any, model: Any, training: bool = False) -> "flightlog.Run | None":
+        """The run to write to; None on processes other than the main one.
+
+        A run this callback owns that already finished (``trainer.evaluate()`` after
+        ``train()``) is reopened as a new segment of the same run, which only appends.
+        """
+        if not state.is_world_process_zero:
+            return None
+        if self.run is not None and not (self.run.finished and self.owns_run):
+            return self.run
+        reopening = self.run is not None
+        self.run = flightlog.init(
+            output_dir=args.output_dir,
+            run_name=self.run_name or _run_name(args),
+            task_type=self.task_type,
+            model_name=self.model_name or model_name(model),
+            dataset=self.dataset,
+            config=self._context(args, state, model),
+            logging_steps=1,  # the Trainer decides which steps log
+            max_steps=state.max_steps if state.max_steps and state.max_steps > 0 else None,
+            # Training that starts past step 0 resumed from a checkpoint: later records of
+            # the interrupted segment become superseded. A reopening only appends.
+            resumed_from_step=(state.global_step or None) if training else None,
+            **self.init_options,
+        )
+        if reopening and not training:
+            self.run.event("run reopened: the Trainer logged after training ended", source="flightlog/hf", step=state.global_step)
+        return self.run
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._active = bool(state.is_world_process_zero)
-        if not self._active:
+        if self.owns_run and self.run is not None and not self.run.finished:
+            self.run.finish("finished")  # a second train() call starts a new segment
+        run = self._ensure_run(args, state, model, training=True)
+        if run is None:
             return
-        config = self._context(args, state, model)
-        if self.run is None or self.run.finished and self.owns_run:
-            self.run = flightlog.init(
-                output_dir=args.output_dir,
-                run_name=self.run_name or _run_name(args),
-                task_type=self.task_type,
-                model_name=self.model_name or model_name(model),
-                dataset=self.dataset,
-                config=config,
-                logging_steps=1,  # the Trainer decides which steps log
-                max_steps=state.max_steps if state.max_steps and state.max_steps > 0 else None,
-                resumed_from_step=state.global_step or None,
-                **self.init_options,
-            )
-        else:
-            self.run.event("Hugging Face Trainer starts", source="flightlog/hf", config=config)
+        self._active = True
+        if not self.owns_run:
+            run.event("Hugging Face Trainer starts", source="flightlog/hf", config=self._context(args, state, model))
         if self.collect:
             from flightlog.collect.collectors import Collectors
 
@@ -119,10 +137,10 @@ class FlightlogCallback(TrainerCallback):
                 system=self.system,
                 memory_summary_steps=self.memory_summary_steps,
             )
-            self.collectors.attach(self.run)
+            self.collectors.attach(run)
         self._samples_per_step = int(state.train_batch_size or args.per_device_train_batch_size) * args.gradient_accumulation_steps * max(1, args.world_size)
         self._tokens_seen = state.num_input_tokens_seen or 0
-        self.run.event(
+        run.event(
             f"Training starts: {state.max_steps} steps, logging every {state.logging_steps}, "
             f"{self._samples_per_step} samples per step",
             source="flightlog/hf",
@@ -179,14 +197,17 @@ class FlightlogCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ records
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if not self._active or self.run is None or not logs:
+        if not logs:
+            return
+        run = self._ensure_run(args, state, kwargs.get("model"))
+        if run is None:
             return
         metrics = dict(logs)
         epoch = metrics.pop("epoch", None)
-        if self.collect and "loss" in metrics and not any(k.startswith(EVAL_PREFIX) for k in metrics):
+        if self._active and self.collect and "loss" in metrics and not any(k.startswith(EVAL_PREFIX) for k in metrics):
             for key, value in self._training_extras(metrics, state.global_step).items():
                 metrics.setdefault(key, value)
-        self.run.log(metrics, step=state.global_step, epoch=epoch)
+        run.log(metrics, step=state.global_step, epoch=epoch)
         self._mark = _clock()
 
     def _training_extras(self, logs: Mapping[str, Any], step: int) -> dict[str, Any]:
@@ -208,14 +229,16 @@ class FlightlogCallback(TrainerCallback):
         return extras
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if not self._active or self.run is None:
+        run = self._ensure_run(args, state, kwargs.get("model"))
+        if run is None:
             return
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (metrics or {}).items() if k.startswith(EVAL_PREFIX))
-        self.run.event(f"Evaluation at step {state.global_step}: {shown}", source="flightlog/hf", step=state.global_step)
+        run.event(f"Evaluation at step {state.global_step}: {shown}", source="flightlog/hf", step=state.global_step)
         self._mark = _clock()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self._active or self.run is None:
+        run = self._ensure_run(args, state, kwargs.get("model"))
+        if run is None:
             return
         now = _clock()
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -225,7 +248,7 @@ class FlightlogCallback(TrainerCallback):
         if state.best_model_checkpoint:
             fields["best_model_checkpoint"] = str(state.best_model_checkpoint)
             fields["best_metric"] = state.best_metric
-        self.run.checkpoint("saved", path, step=state.global_step, **fields)
+        run.checkpoint("saved", path, step=state.global_step, **fields)
         self._mark = _clock()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
