@@ -183,6 +183,10 @@ class TestStepTimer:
         run = make_run(tmp_path)
         with pytest.raises(ValueError, match="logging_steps"):
             StepTimer(run, logging_steps=0)
+        thinned = make_run(tmp_path / "thinned", logging_steps=2)
+        with pytest.raises(ValueError, match="not a multiple of the run's logging_steps=2"):
+            StepTimer(thinned, logging_steps=3)
+        thinned.finish()
         with pytest.raises(ValueError, match="batch_size"):
             StepTimer(run, batch_size=2.5)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="warmup_steps"):

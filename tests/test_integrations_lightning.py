@@ -87,7 +87,8 @@ def test_lightning_records_match_csv_logger(tmp_path: Path) -> None:
     start = records[0]
     assert start["type"] == "run_start" and start["config"] == {"lr": 0.05, "hidden": 16}
     assert start["run_name"] == "reg" and start["task_type"] == "regression"
-    assert any(r["type"] == "checkpoint" and r["path"].endswith(".ckpt") and r["bytes"] > 0 for r in records)
+    saved = [r for r in records if r["type"] == "checkpoint"]
+    assert saved and all(r["bytes"] > 0 and Path(r["path"]).parent == tmp_path / "out" / "checkpoints" for r in saved)
     assert records[-1]["type"] == "run_end" and records[-1]["status"] == "finished"
 
 

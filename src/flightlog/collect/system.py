@@ -25,12 +25,13 @@ class SystemStats:
     __name__ = "system_stats"
     skip_emitted = True
 
-    def __init__(self, disk_path: str | os.PathLike[str] = ".", *, nvml: bool = True, gpu_index: int | None = None, min_interval_s: float = 0.0) -> None:
+    def __init__(self, disk_path: str | os.PathLike[str] = ".", *, nvml: bool = True, gpu_index: int | None = None, min_interval_s: float = 1.0) -> None:
         if min_interval_s < 0:
             raise ValueError(f"flightlog: min_interval_s must be >= 0, got {min_interval_s!r}")
         self.disk_path = os.fspath(disk_path)
         self.min_interval_s = min_interval_s
         self._last = -float("inf")
+        self._latest: dict[str, Any] = {}
         try:
             import psutil
         except ImportError:
@@ -93,9 +94,9 @@ class SystemStats:
         if record.get("type") != METRICS or any(k.startswith(EVAL_PREFIX) for k in record):
             return record
         now = time.monotonic()
-        if now - self._last < self.min_interval_s:
-            return record
-        self._last = now
-        for key, value in self.read().items():
+        if now - self._last >= self.min_interval_s:
+            self._last = now
+            self._latest = self.read()
+        for key, value in self._latest.items():
             record.setdefault(key, value)
         return record

@@ -89,6 +89,11 @@ class StepTimer:
         if collectors is not None:
             collectors.attach(run)
         self.logging_steps = logging_steps or run.config.logging_steps
+        if self.logging_steps % run.config.logging_steps:
+            raise ValueError(
+                f"flightlog: StepTimer logging_steps={self.logging_steps} is not a multiple of the run's "
+                f"logging_steps={run.config.logging_steps}, so the run would drop some of its records"
+            )
         self.batch_size = batch_size
         self.tokens_per_step = tokens_per_step
         self.step_count = start_step  # completed steps

@@ -54,13 +54,15 @@ class FlightlogLogger(Logger):
         self._pending: tuple[int, dict[str, Any]] | None = None
 
     # Lightning's Logger interface
+    # name and version are empty so that ModelCheckpoint (save_dir/name/version/checkpoints)
+    # puts checkpoints in OUTPUT_DIR/checkpoints, next to OUTPUT_DIR/logs.
     @property
     def name(self) -> str:
-        return str(self.init_options.get("run_name") or "flightlog")
+        return ""
 
     @property
     def version(self) -> str:
-        return self._run.run_id if self._run is not None else "0"
+        return ""
 
     @property
     def save_dir(self) -> str:
