@@ -86,6 +86,8 @@ class Config:
     console_stream: str = "stdout"
     install_signal_handlers: bool = True
     """Flush and mark the run on SIGTERM/SIGINT (main thread only)."""
+    index: bool = True
+    """Keep the run in the run index under FLIGHTLOG_HOME (``flightlog ls``); never fatal to training."""
 
     def __post_init__(self) -> None:
         validate(self, {})
@@ -159,6 +161,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "heartbeat_interval": (_positive_number, "a number of seconds > 0"),
     "console_stream": (_choice(*CONSOLE_STREAMS), "one of " + ", ".join(CONSOLE_STREAMS)),
     "install_signal_handlers": (lambda v: type(v) is bool, "true or false"),
+    "index": (lambda v: type(v) is bool, "true or false"),
 }
 assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
 
