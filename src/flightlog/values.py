@@ -14,6 +14,8 @@ from typing import Any
 
 # Types that need no snapshot and no resolution beyond the non-finite check.
 PLAIN_TYPES = frozenset({float, int, bool, str, type(None)})
+# Small vectors (per-expert load, a few quantiles) are logged as lists; bigger ones are refused.
+MAX_ELEMENTS = 64
 
 
 class PendingTensor:
@@ -74,6 +76,11 @@ def resolve_value(value: Any, key: str) -> Any:
     if kind in PLAIN_TYPES:
         return value
     if kind is PendingTensor:
+        if value.host.numel() > MAX_ELEMENTS:
+            raise UnsupportedValue(
+                f"metric {key!r}: tensor of shape {tuple(value.host.shape)} is too large to log as a value "
+                "(log a scalar or a summary such as its mean)"
+            )
         return resolve_value(value.resolve(), key)
     if kind is dict:
         return {str(k): resolve_value(v, f"{key}.{k}") for k, v in value.items()}
@@ -83,18 +90,13 @@ def resolve_value(value: Any, key: str) -> Any:
     if module == "numpy":
         if getattr(value, "ndim", 1) == 0 or not hasattr(value, "ndim"):
             return resolve_value(value.item(), key)
-        if value.size <= 64:
+        if value.size <= MAX_ELEMENTS:
             return resolve_value(value.tolist(), key)
         raise UnsupportedValue(
             f"metric {key!r}: numpy array of shape {tuple(value.shape)} is too large to log as a value "
             "(log a scalar or a summary such as its mean)"
         )
     if module.startswith("torch"):
-        if getattr(value, "numel", None) and value.numel() > 64:
-            raise UnsupportedValue(
-                f"metric {key!r}: tensor of shape {tuple(value.shape)} is too large to log as a value "
-                "(log a scalar or a summary such as its mean)"
-            )
         return resolve_value(snapshot_value(value), key)
     if isinstance(value, float):  # float subclasses
         return resolve_value(float(value), key)
