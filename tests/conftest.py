@@ -26,6 +26,7 @@ def make_run(tmp_path, console, monkeypatch):
     for name in list(__import__("os").environ):
         if name.startswith("FLIGHTLOG_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "flightlog-home"))  # the run index stays in tmp
     runs = []
 
     def factory(**options):

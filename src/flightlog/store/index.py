@@ -391,7 +391,8 @@ class RunIndex:
         extra: dict[str, str] = {}
         param_labels: list[str] = []
         wanted = [(c.field, where or "", c.pos) for c in (compares(tree) if tree else [])]
-        wanted += [(s.lstrip("-+"), s, 1 if s[0] in "-+" else 0) for s in sort_keys]
+        sorts = [sort_key(s) for s in sort_keys]
+        wanted += [(name, s, 1 if s[0] in "-+" else 0) for s, (name, _) in zip(sort_keys, sorts)]
         wanted += [(c, c, 0) for c in columns]
         for name, text, pos in wanted:
             kind, key, label = self.field(name, text, pos)
@@ -403,10 +404,10 @@ class RunIndex:
         sql_where = self._compile(tree, where or "", params) if tree else "1"
         aliases = {label: f"x{i}" for i, label in enumerate(extra)}
         order: list[str] = []
-        for s in sort_keys:
-            kind, key, label = self.field(s.lstrip("-+"), s, 1 if s[0] in "-+" else 0)
+        for s, (name, desc) in zip(sort_keys, sorts):
+            kind, key, label = self.field(name, s, 1 if s[0] in "-+" else 0)
             alias = key if kind == "run" else aliases[label]
-            order.append(f'"{alias}" IS NULL, "{alias}" {"DESC" if s.startswith("-") else "ASC"}')
+            order.append(f'"{alias}" IS NULL, "{alias}" {"DESC" if desc else "ASC"}')
         order.append('"start" DESC, "run_id"')
         base = [c for c in RUN_FIELDS if c != "status"]
         select = [f'{RUN_FIELDS[c][0]} AS "{c}"' for c in base] + [f"{RUN_FIELDS['status'][0]} AS status"]
@@ -432,6 +433,17 @@ class RunIndex:
                 d = details.get(row["run_id"], {})
                 row["params"], row["best"], row["final"] = d.get("params", {}), d.get("best", {}), d.get("final", {})
         return rows
+
+
+def sort_key(text: str) -> tuple[str, bool]:
+    """``-field``, ``field:desc`` -> (field, descending); ``+field``, ``field:asc``, ``field`` ascend."""
+    text = text.strip()
+    desc = text.startswith("-")
+    name = text.lstrip("-+")
+    head, colon, tail = name.rpartition(":")
+    if colon and tail.lower() in ("asc", "desc"):
+        name, desc = head, tail.lower() == "desc"
+    return name, desc
 
 
 def _text_compare(expr: str, op: str, value: str, params: list[Any]) -> str:

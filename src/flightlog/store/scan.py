@@ -31,6 +31,7 @@ class ScanResult:
     indexed: list[str] = field(default_factory=list)  # run ids
     errors: list[tuple[str, str]] = field(default_factory=list)  # (folder, why)
     foreign_unhandled: list[str] = field(default_factory=list)  # folders no importer took
+    duplicates: list[tuple[str, str]] = field(default_factory=list)  # (run id, folder not indexed)
 
 
 def find_run_dirs(root: Path) -> Iterator[tuple[str, Path]]:
@@ -88,6 +89,21 @@ def scan(roots: Iterable[str | os.PathLike[str]], index: Any) -> ScanResult:
                     entries.append(entry)
             except (ValueError, OSError) as exc:
                 result.errors.append((str(folder), str(exc)))
-    index.upsert_many(entries)
-    result.indexed = [e["run_id"] for e in entries]
+    chosen: dict[str, dict[str, Any]] = {}
+    for entry in entries:  # one run in several folders (a copy, a restored archive)
+        run_id = entry["run_id"]
+        if run_id not in chosen:
+            chosen[run_id] = entry
+            continue
+        current = _indexed_log_dir(index, run_id)
+        keep, drop = (entry, chosen[run_id]) if entry.get("log_dir") == current else (chosen[run_id], entry)
+        chosen[run_id] = keep
+        result.duplicates.append((run_id, str(drop.get("log_dir"))))
+    index.upsert_many(chosen.values())
+    result.indexed = list(chosen)
     return result
+
+
+def _indexed_log_dir(index: Any, run_id: str) -> str | None:
+    row = index.db.execute("SELECT log_dir FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    return row[0] if row else None

@@ -3,19 +3,19 @@
 A run that finished has its summary in ``run.json``; a crashed run, a running run
 seen by ``flightlog index``, or an imported log has only its records. This gives the
 same shape as the writer's summary (``last_step``, ``last``, ``best``), ignoring
-records that a resume superseded. The better-direction of a metric follows the
+records that a resume superseded (the reader hides them). The better-direction of a metric follows the
 writer's rule (``pipeline.summary.metric_goal``; the store may not import the
 pipeline, and a test keeps the two in agreement).
 """
 
 from __future__ import annotations
 
-import gzip
 import re
+import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
-from flightlog.protocol import METRICS, RUN_START, STREAM_FILE, decode, superseded_after
+from flightlog.protocol import METRICS
 
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|wer|cer|_time_s$|nll)")
 _HIGHER_IS_BETTER = re.compile(r"(acc|f1|bleu|rouge|mrr|recall|precision|auc|ndcg|map_|reward|exact_match|score)")
@@ -33,52 +33,17 @@ def metric_goal(name: str) -> int:
     return 0
 
 
-def stream_files(log_dir: Path) -> list[Path]:
-    """The stream's files in write order: gzip segments (``train*.jsonl.gz``), then ``train.jsonl``."""
-    segments = sorted(log_dir.glob("train*.jsonl.gz"))
-    live = log_dir / STREAM_FILE
-    return segments + ([live] if live.exists() else [])
-
-
-def iter_stream(log_dir: Path) -> Iterator[dict[str, Any]]:
-    """Every readable record of a run's stream; torn or foreign lines are skipped."""
-    for path in stream_files(log_dir):
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as fh:
-                for line in fh:
-                    if not line.endswith(b"\n"):
-                        break  # a torn last line: the writer has not finished it yet
-                    try:
-                        yield decode(line)
-                    except ValueError:
-                        continue
-        except (OSError, EOFError):
-            continue
-
-
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """``{"last_step", "metrics_records", "last", "best"}`` over non-superseded metrics."""
-    starts: list[dict[str, Any]] = []
-    kept: list[tuple[int, dict[str, Any]]] = []
-    segment = 0
-    for record in records:
-        kind = record.get("type")
-        if kind == RUN_START:
-            starts.append(record)
-            segment = int(record.get("segment") or 0)
-        elif kind == METRICS:
-            kept.append((segment, record))
-    limits = superseded_after(starts) if starts else {}
+    """``{"last_step", "metrics_records", "last", "best"}`` over metrics records (in file order)."""
     last: dict[str, Any] = {}
     best: dict[str, dict[str, Any]] = {}
     goals: dict[str, int] = {}
     last_step = None
     count = 0
-    for segment, record in kept:
-        step = record.get("step")
-        if isinstance(step, (int, float)) and step > limits.get(segment, float("inf")):
+    for record in records:
+        if record.get("type") != METRICS:
             continue
+        step = record.get("step")
         count += 1
         if step is not None:
             last_step = step
@@ -97,4 +62,12 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize_stream(log_dir: Path) -> dict[str, Any]:
-    return summarize(iter_stream(log_dir))
+    """The summary of a run folder's stream (superseded records hidden); empty without a stream."""
+    from flightlog.store.reader import read_records
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a live run's torn last line is normal here
+        try:
+            return summarize(read_records(log_dir, types=[METRICS]))
+        except FileNotFoundError:
+            return summarize([])
