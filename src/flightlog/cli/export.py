@@ -75,7 +75,7 @@ def export(log_dir: str, fmt: str, output: str | None, types: list[str], include
 
     import polars as pl
 
-    from flightlog.store.reader import load_polars
+    from flightlog.store.fastload import load_polars
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
