@@ -110,28 +110,48 @@ def resolve_value(value: Any, key: str) -> Any:
     )
 
 
-def resolve_record(record: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    """Resolve every value in place; unsupported values are dropped and described in ``problems``."""
+_NUMBER_TYPES = frozenset({float, int, bool})
+_TEXT_TYPES = (str, dict, list, tuple)
+
+
+def resolve_record(record: dict[str, Any], problems: list[str]) -> bool:
+    """Resolve every value in place; return whether any value is text or a container.
+
+    Unsupported values are dropped and described in ``problems``. The common case, a
+    dict of finite numbers, is decided with C-level calls only (``map(type, ...)`` and
+    ``sum``, whose result is finite exactly when every summand is, barring overflow,
+    which then just takes the slow path).
+    """
+    values = record.values()
+    if _NUMBER_TYPES.issuperset(map(type, values)):
+        total = sum(values)
+        if total - total == 0:
+            return False
     bad: list[str] = []
+    has_text = False
     for key, value in record.items():
         kind = type(value)
         if kind is float:
             if value - value != 0.0:
                 record[key] = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
             continue
-        if kind in PLAIN_TYPES:
+        if kind is int or kind is bool or value is None:
             continue
         try:
-            record[key] = resolve_value(value, key)
+            resolved = record[key] = resolve_value(value, key)
         except UnsupportedValue as exc:
             problems.append(str(exc))
             bad.append(key)
+            continue
         except Exception as exc:  # a tensor whose copy failed, a broken __float__ ...
             problems.append(f"metric {key!r}: could not be read ({type(exc).__name__}: {exc})")
             bad.append(key)
+            continue
+        if isinstance(resolved, _TEXT_TYPES):
+            has_text = True
     for key in bad:
         del record[key]
-    return record
+    return has_text
 
 
 def is_finite_number(value: Any) -> bool:
