@@ -19,6 +19,11 @@ BUILTIN_SINKS: dict[str, str] = {
     "jsonl": "flightlog.sinks.jsonl:from_config",
     "console": "flightlog.sinks.console:from_config",
     "csv": "flightlog.sinks.csv:from_config",
+    # Optional backends (docs/sinks.md); each imports its package only when built.
+    "tensorboard": "flightlog.sinks.tensorboard:from_config",
+    "prometheus": "flightlog.sinks.prometheus:from_config",
+    "wandb": "flightlog.sinks.wandb:from_config",
+    "mlflow": "flightlog.sinks.mlflow:from_config",
 }
 
 
