@@ -56,14 +56,21 @@ class TensorBoardSink(BaseSink):
 
     # ------------------------------------------------------------------ records
     def write(self, batch: list[Record]) -> None:
+        """One bad record is skipped, not the rest of the batch; the first problem is raised at the end."""
+        problem: Exception | None = None
         for record in batch:
             kind = record.get("type")
-            if kind == METRICS:
-                self._scalars(record)
-            elif kind == HISTOGRAMS:
-                self._histograms(record)
-            elif kind == RUN_START:
-                self._run_start(record)
+            try:
+                if kind == METRICS:
+                    self._scalars(record)
+                elif kind == HISTOGRAMS:
+                    self._histograms(record)
+                elif kind == RUN_START:
+                    self._run_start(record)
+            except Exception as exc:
+                problem = problem or exc
+        if problem is not None:
+            raise problem
 
     def _step_of(self, record: Record) -> int:
         step = record.get("step")
