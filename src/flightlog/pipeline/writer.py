@@ -68,6 +68,7 @@ class Writer:
         self._flush_done = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed_sinks = False
+        self._closed_ids: set[int] = set()
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -205,6 +206,8 @@ class Writer:
 
     def _write(self, batch: list[Record]) -> None:
         for sink in self.sinks:
+            if self._closed_ids and id(sink) in self._closed_ids:
+                continue
             try:
                 sink.write(batch)
             except Exception as exc:
@@ -228,7 +231,10 @@ class Writer:
             self._drain()
         except Exception:
             pass
-        for sink in self.sinks:
+        # Last sink first: the first one (train.jsonl) closes last, so it still records
+        # the others' close failures; a closed sink gets no more writes.
+        for sink in reversed(self.sinks):
+            self._closed_ids.add(id(sink))
             try:
                 sink.close()
             except Exception as exc:

@@ -95,7 +95,7 @@ class BackgroundSink(BaseSink):
         self._thread.join(self.close_timeout)
         if self._thread.is_alive():
             raise TimeoutError(
-                f"{self.name} store did not take the last {self._pending_records} record(s) within {self.close_timeout:.0f}s; "
+                f"{self.name} store did not take the last {self._pending_records} record(s) within {self.close_timeout:g}s; "
                 "they are in train.jsonl but not in the store"
             )
         if self._error is not None and self._error is not self._reported:
