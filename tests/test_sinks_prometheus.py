@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -234,8 +236,14 @@ class TestSafeDefaults:
             holder.bind(("127.0.0.1", 0))
             holder.listen()
             port = holder.getsockname()[1]
+            threads = set(threading.enumerate())
             with pytest.raises(ConfigError, match=rf"prometheus_port={port}: 127\.0\.0\.1:{port} is already in use"):
-                flightlog.init(tmp_path, sinks=["jsonl", "prometheus"], prometheus_port=port, **QUIET)
+                flightlog.init(tmp_path, sinks=["jsonl", "tensorboard", "prometheus"], prometheus_port=port, **QUIET)
+        # The sinks built before the failing one were closed: no open file under the run, no writer thread left.
+        open_files = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")]
+        assert not [f for f in open_files if f.startswith(str(tmp_path))]
+        time.sleep(0.2)
+        assert [t for t in threading.enumerate() if t not in threads and t.is_alive()] == []
 
     def test_non_loopback_needs_a_token(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """Binding 0.0.0.0 without a token is refused, and the message says how to fix it."""
