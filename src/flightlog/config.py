@@ -193,7 +193,7 @@ def validate(config: Config, sources: Mapping[str, str]) -> None:
         value = getattr(config, key)
         if not check(value):
             where = f" (from {sources[key]})" if key in sources else ""
-            shown = "<hidden>" if key.endswith("_token") else repr(value)  # never echo a secret
+            shown = "<hidden>" if key.endswith("_token") and isinstance(value, str) else repr(value)  # never echo a secret
             raise ConfigError(f"flightlog config: {key}={shown}{where} is not allowed; expected {allowed}")
 
 
