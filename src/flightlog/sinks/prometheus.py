@@ -183,6 +183,7 @@ class PrometheusSink(BaseSink):
                 "or keep the default prometheus_host='127.0.0.1'"
             )
         self.state = _State(run_name, run_id)
+        self._families: dict[str, str | None] = {}  # metric name -> family, computed once
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self.state))  # type: ignore[arg-type]
         server_class = ThreadingHTTPServer
@@ -224,8 +225,11 @@ class PrometheusSink(BaseSink):
                 kind = str(record.get("type"))
                 s.records[kind] = s.records.get(kind, 0) + 1
                 if kind == METRICS:
+                    families = self._families
                     for name, value in scalar_fields(record):
-                        fam = metric_name(name)
+                        fam = families.get(name, "")
+                        if fam == "":
+                            fam = families[name] = metric_name(name)
                         if fam is not None:
                             s.values[fam] = (name, value)
                     step = record.get("step")

@@ -53,6 +53,7 @@ class TensorBoardSink(BaseSink):
         self._writer = EventFileWriter(str(self.logdir), max_queue_size=1024, flush_secs=30)
         self._step = 0  # for records without a step (they are drawn at the last step seen)
         self.scalars_written = 0
+        self._tags: dict[str, str] = {}  # metric name -> tag, computed once
 
     # ------------------------------------------------------------------ records
     def write(self, batch: list[Record]) -> None:
@@ -85,7 +86,10 @@ class TensorBoardSink(BaseSink):
 
     def _scalars(self, record: Record) -> None:
         Value = self._summary_pb2.Summary.Value
-        values = [Value(tag=namespaced(name), simple_value=value) for name, value in scalar_fields(record)]
+        tags = self._tags
+        values = [
+            Value(tag=tags.get(name) or tags.setdefault(name, namespaced(name)), simple_value=value) for name, value in scalar_fields(record)
+        ]
         if values:
             self._add(values, self._step_of(record), record_time(record))
             self.scalars_written += len(values)

@@ -81,7 +81,8 @@ class WandbBackend:
                 try:
                     self._start(record if kind == RUN_START else None)
                 except Exception as exc:
-                    self._init_error = RuntimeError(f"wandb.init failed: {type(exc).__name__}: {exc}")
+                    hint = "; set WANDB_MODE=offline to record locally" if "api key" in str(exc).lower() else ""
+                    self._init_error = RuntimeError(f"wandb.init failed: {type(exc).__name__}: {exc}{hint}")
                     raise self._init_error from exc
             if self.run is None:
                 continue
