@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
+from flightlog.protocol import HISTOGRAMS
 from flightlog.values import snapshot_value
 
 if TYPE_CHECKING:
     from flightlog.run import Run
 
-HISTOGRAMS = "histograms"
 DEFAULT_BINS = 30  # TensorBoard's own default bucket count
 LORA_MATCH = ("lora_A", "lora_B")
 
