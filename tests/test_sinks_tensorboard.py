@@ -120,7 +120,9 @@ class TestRunStart:
         """run_start's config is readable as text and as an hparams session."""
         from tensorboard.plugins.hparams import metadata as hparams_metadata
 
-        config = {"learning_rate": 2e-4, "lora": {"r": 8, "alpha": 16}, "target_modules": ["q_proj", "v_proj"], "bf16": True, "note": None}
+        secret = "sk-abcdefghijklmnopqrstuvwx"
+        config = {"learning_rate": 2e-4, "lora": {"r": 8, "alpha": 16}, "target_modules": ["q_proj", "v_proj"], "bf16": True, "note": None,
+                  "openai_api_key": secret, "hub": {"url": f"https://user:{secret}@example.com"}}
         run = flightlog.init(tmp_path, sinks=["tensorboard"], run_name="cfg", task_type="sft", model_name="tiny", config=config, **QUIET)
         run.finish()
         ea = accumulate(tmp_path / "logs" / "tensorboard")
@@ -137,6 +139,11 @@ class TestRunStart:
         assert hp["bf16"].bool_value is True
         assert hp["target_modules"].string_value == '["q_proj","v_proj"]'
         assert "note" not in hp
+        # Secrets in the config were redacted before any sink saw them.
+        assert secret not in body and hp["openai_api_key"].string_value == "[REDACTED]"
+        assert secret not in hp["hub.url"].string_value
+        for path in (tmp_path / "logs" / "tensorboard").iterdir():
+            assert secret.encode() not in path.read_bytes()
         assert info.group_name == "cfg"  # the run name groups its sessions
 
 
