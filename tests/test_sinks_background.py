@@ -78,3 +78,13 @@ def test_hung_store_does_not_hold_back_the_run(tmp_path: Path) -> None:
 
     events = [r for r in map(decode, (tmp_path / "logs" / "train.jsonl").read_bytes().splitlines()) if r["type"] == "event"]
     assert any("sink 'gated' failed to close" in e["message"] and "not in the store" in e["message"] for e in events)
+
+
+@pytest.mark.parametrize("sink, module, extra", [("tensorboard", "tensorboard", "tensorboard"), ("prometheus", "prometheus_client", "prometheus"), ("wandb", "wandb", "wandb"), ("mlflow", "mlflow", "mlflow")])
+def test_missing_package_fails_init_with_the_pip_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sink: str, module: str, extra: str) -> None:
+    """An optional sink whose package is absent fails init naming the package and the extra to install."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # what Python does for a package that cannot be imported
+    with pytest.raises(ImportError, match=rf"the '{sink}' sink needs the {module} package; install it with: pip install 'flightlog\[{extra}\]'"):
+        flightlog.init(tmp_path, sinks=["jsonl", sink], console_stream="stderr", install_signal_handlers=False)

@@ -17,7 +17,6 @@ Settings: ``mlflow_tracking_uri`` (default ``MLFLOW_TRACKING_URI``, else
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from flightlog.protocol import METRICS, RUN_END, RUN_START
 from flightlog.sinks._background import BackgroundSink
+from flightlog.sinks._optional import require
 from flightlog.sinks._scalars import flatten, record_time, scalar_fields
 from flightlog.sinks.base import Record
 
@@ -46,8 +46,7 @@ class MlflowBackend:
 
     def __init__(self, *, tracking_uri: str, experiment: str, run_name: str | None = None) -> None:
         # Checked here so init fails clearly; imported (seconds) on the sink's thread, not the training thread.
-        if importlib.util.find_spec("mlflow") is None:
-            raise ImportError("flightlog: the 'mlflow' sink needs mlflow; install it with: pip install 'flightlog[mlflow]'")
+        require("mlflow", "mlflow", "mlflow")
         self.client: Any = None
         self.tracking_uri = tracking_uri
         self.experiment = experiment

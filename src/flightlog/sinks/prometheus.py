@@ -38,6 +38,7 @@ import orjson
 from flightlog.config import ConfigError
 from flightlog.protocol import ALERT, METRICS, RUN_START
 from flightlog.runfile import write_atomic
+from flightlog.sinks._optional import require
 from flightlog.sinks._scalars import record_time, scalar_fields
 from flightlog.sinks.base import BaseSink, Record
 
@@ -170,12 +171,9 @@ class PrometheusSink(BaseSink):
         run_id: str = "",
         targets_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        try:
-            from prometheus_client import CollectorRegistry
-        except ImportError as exc:
-            raise ImportError(
-                "flightlog: the 'prometheus' sink needs prometheus-client; install it with: pip install 'flightlog[prometheus]'"
-            ) from exc
+        require("prometheus_client", "prometheus", "prometheus")
+        from prometheus_client import CollectorRegistry
+
         if not is_loopback(host) and not token:
             raise ConfigError(
                 f"flightlog config: prometheus_host={host!r} exposes /metrics beyond this machine, which needs a token; "

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from flightlog.protocol import METRICS, RUN_START
+from flightlog.sinks._optional import require
 from flightlog.sinks._scalars import flatten, namespaced, record_time, scalar_fields
 from flightlog.sinks.base import BaseSink, Record
 from flightlog.sinks.histograms import HISTOGRAMS, log_lora_histograms
@@ -37,14 +38,10 @@ class TensorBoardSink(BaseSink):
     name = "tensorboard"
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
-        try:
-            from tensorboard.compat.proto import event_pb2, summary_pb2
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        except ImportError as exc:
-            raise ImportError(
-                "flightlog: the 'tensorboard' sink needs the tensorboard package; "
-                "install it with: pip install 'flightlog[tensorboard]'"
-            ) from exc
+        require("tensorboard", "tensorboard", "tensorboard")
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
         self._event_pb2 = event_pb2
         self._summary_pb2 = summary_pb2
         self.logdir = Path(logdir)

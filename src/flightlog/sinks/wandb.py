@@ -15,13 +15,13 @@ W&B documents it. wandb is imported here only.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 from flightlog.protocol import METRICS, RUN_END, RUN_START
 from flightlog.sinks._background import BackgroundSink
+from flightlog.sinks._optional import require
 from flightlog.sinks._scalars import namespaced, scalar_fields
 from flightlog.sinks.base import Record
 from flightlog.sinks.histograms import HISTOGRAMS
@@ -34,8 +34,7 @@ class WandbBackend:
 
     def __init__(self, *, project: str, directory: Path, run_name: str | None = None) -> None:
         # Checked here so init fails clearly; imported on the sink's thread, not the training thread.
-        if importlib.util.find_spec("wandb") is None:
-            raise ImportError("flightlog: the 'wandb' sink needs wandb; install it with: pip install 'flightlog[wandb]'")
+        require("wandb", "wandb", "wandb")
         self.wandb: Any = None
         self.project = project
         self.directory = directory
