@@ -108,16 +108,25 @@ def bench_wandb(tmp: Path, calls: int):
     return result, f"wandb {wandb.__version__}"
 
 
-def bench_mlflow(tmp: Path, calls: int):
+def _mlflow(tmp: Path, calls: int, uri: str, store: str):
     import logging
 
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
     logging.getLogger("mlflow").setLevel(logging.ERROR)
     import mlflow
 
-    mlflow.set_tracking_uri((tmp / "mlruns").as_uri())
+    mlflow.set_tracking_uri(uri)
     with mlflow.start_run():
-        result = time_calls(lambda step, m: mlflow.log_metrics(m, step=step), calls)
-    return result, f"mlflow {mlflow.__version__} (file store)"
+        result = time_calls(lambda step, m: mlflow.log_metrics(m, step=step), calls, warmup=50)
+    return result, f"mlflow {mlflow.__version__} ({store})"
+
+
+def bench_mlflow(tmp: Path, calls: int):
+    return _mlflow(tmp, calls, (tmp / "mlruns").as_uri(), "file store")
+
+
+def bench_mlflow_sqlite(tmp: Path, calls: int):
+    return _mlflow(tmp, calls, f"sqlite:///{tmp / 'mlflow.db'}", "sqlite store")
 
 
 TOOLS = {
@@ -127,9 +136,10 @@ TOOLS = {
     "json": ("json.dumps + file write (sync)", bench_json_write),
     "tensorboard": ("TensorBoard SummaryWriter, 8 x add_scalar", bench_tensorboard),
     "wandb": ("wandb offline run.log", bench_wandb),
-    "mlflow": ("mlflow log_metrics", bench_mlflow),
+    "mlflow": ("mlflow log_metrics, file store", bench_mlflow),
+    "mlflow-sqlite": ("mlflow log_metrics, sqlite store", bench_mlflow_sqlite),
 }
-SLOW = {"tensorboard": 4000, "wandb": 2000, "mlflow": 400}
+SLOW = {"tensorboard": 4000, "wandb": 2000, "mlflow": 400, "mlflow-sqlite": 100}
 
 
 def writer_throughput(tmp: Path, n: int = 300_000) -> tuple[float, float]:

@@ -45,8 +45,8 @@ class SummaryTracker:
         if step is not None:
             self.last_step = step
         self.last.update(record)
-        new = record.keys() - self._seen
-        if new:
+        if not self._seen.issuperset(record):
+            new = record.keys() - self._seen
             self._seen.update(new)
             for key in new:
                 if goal := metric_goal(key):

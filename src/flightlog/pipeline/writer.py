@@ -160,6 +160,7 @@ class Writer:
         fmt = format_timestamp
         out: list[Record] = []
         problems: list[str] = []
+        summary = self.summary
         for kind, t, step, epoch, fields in items:
             has_text = resolve_record(fields, problems)
             if problems:
@@ -170,9 +171,13 @@ class Writer:
             if epoch is not None:
                 record["epoch"] = epoch
             record.update(fields)
-            kept = self._stages(record, has_text or kind != METRICS)
-            if kept is not None:
-                out.append(kept)
+            if kind == METRICS and not has_text and not self.processors and not self.observers:
+                summary.observe(record)  # the common case: numbers only, nothing to redact
+                out.append(record)
+            else:
+                kept = self._stages(record, has_text or kind != METRICS)
+                if kept is not None:
+                    out.append(kept)
             if self._emitted:
                 out.extend(self._take_emitted())
         if self._emitted:
