@@ -89,6 +89,15 @@ BAD_VALUES = [
     ("model_name", 3, "a string"),
     ("dataset", 3, "a string"),
     ("log_dir", 3, "a path"),
+    # optional sinks (tests/test_sinks_prometheus.py covers more)
+    ("tensorboard_dir", "", "a non-empty path or null"),
+    ("histogram_interval", 0, "an integer >= 1"),
+    ("prometheus_host", "", "a host name or IP address"),
+    ("prometheus_port", 70000, "an integer port 0..65535"),
+    ("prometheus_token", 12345678, "a string of at least 8 characters"),
+    ("wandb_project", "", "a non-empty string or null"),
+    ("mlflow_tracking_uri", "", "a non-empty URI or null"),
+    ("mlflow_experiment", 3, "a non-empty string or null"),
 ]
 
 

@@ -85,6 +85,23 @@ class Config:
     console_stream: str = "stdout"
     install_signal_handlers: bool = True
     """Flush and mark the run on SIGTERM/SIGINT (main thread only)."""
+    # --- optional sinks (docs/sinks.md)
+    tensorboard_dir: str | None = None
+    """Where the tensorboard sink writes event files (default ``LOG_DIR/tensorboard``)."""
+    histogram_interval: int = 100
+    """Steps between weight histograms (``flightlog.sinks.histograms.log_lora_histograms``)."""
+    prometheus_host: str = "127.0.0.1"
+    """Address the prometheus sink's ``/metrics`` binds; anything but loopback needs a token."""
+    prometheus_port: int = 9464
+    """Port of the prometheus sink's ``/metrics``; 0 picks a free one."""
+    prometheus_token: str | None = None
+    """Bearer token scrapers must send (default: ``FLIGHTLOG_TOKEN``); required off loopback."""
+    wandb_project: str | None = None
+    """W&B project of the wandb sink (default: ``WANDB_PROJECT``, else ``flightlog``)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow store of the mlflow sink (default: ``MLFLOW_TRACKING_URI``, else ``sqlite:///LOG_DIR/mlflow.db``)."""
+    mlflow_experiment: str | None = None
+    """MLflow experiment (default: ``MLFLOW_EXPERIMENT_NAME``, else ``flightlog``)."""
     index: bool = True
     """Keep the run in the run index under FLIGHTLOG_HOME (``flightlog ls``); never fatal to training."""
 
@@ -160,6 +177,14 @@ RULES: dict[str, tuple[Any, str]] = {
     "heartbeat_interval": (_positive_number, "a number of seconds > 0"),
     "console_stream": (_choice(*CONSOLE_STREAMS), "one of " + ", ".join(CONSOLE_STREAMS)),
     "install_signal_handlers": (lambda v: type(v) is bool, "true or false"),
+    "tensorboard_dir": (_optional(lambda v: isinstance(v, (str, os.PathLike)) and str(v) != ""), "a non-empty path or null"),
+    "histogram_interval": (_positive_int, "an integer >= 1"),
+    "prometheus_host": (lambda v: isinstance(v, str) and v != "" and not any(c.isspace() for c in v), "a host name or IP address"),
+    "prometheus_port": (lambda v: type(v) is int and 0 <= v <= 65535, "an integer port 0..65535 (0 = any free port)"),
+    "prometheus_token": (_optional(lambda v: isinstance(v, str) and len(v) >= 8), "a string of at least 8 characters, or null"),
+    "wandb_project": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string or null"),
+    "mlflow_tracking_uri": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty URI or null"),
+    "mlflow_experiment": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string or null"),
     "index": (lambda v: type(v) is bool, "true or false"),
 }
 assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
@@ -171,7 +196,8 @@ def validate(config: Config, sources: Mapping[str, str]) -> None:
         value = getattr(config, key)
         if not check(value):
             where = f" (from {sources[key]})" if key in sources else ""
-            raise ConfigError(f"flightlog config: {key}={value!r}{where} is not allowed; expected {allowed}")
+            shown = "<hidden>" if key.endswith("_token") and isinstance(value, str) else repr(value)  # never echo a secret
+            raise ConfigError(f"flightlog config: {key}={shown}{where} is not allowed; expected {allowed}")
 
 
 def _unknown_key(key: str, source: str) -> ConfigError:

@@ -44,7 +44,7 @@ from flightlog.protocol import (
 )
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
-from flightlog.sinks import build_sink
+from flightlog.sinks import build_sinks
 from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot
 
 OnLogHook = Callable[[dict[str, Any], int], Any]
@@ -111,7 +111,7 @@ class Run:
         self.queue = RecordQueue(config.queue_size, config.on_full)
         self._items = self.queue._items
         self._maxsize = config.queue_size
-        self.sinks = [build_sink(s, config, self.log_dir) if isinstance(s, str) else s for s in config.sinks]
+        self.sinks = build_sinks(config.sinks, config, self.log_dir)
         self.writer = Writer(
             self.queue,
             self.sinks,
