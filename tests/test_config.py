@@ -98,6 +98,8 @@ BAD_VALUES = [
     ("wandb_project", "", "a non-empty string or null"),
     ("mlflow_tracking_uri", "", "a non-empty URI or null"),
     ("mlflow_experiment", 3, "a non-empty string or null"),
+    # run index (tests/test_index.py covers more)
+    ("index", "yes", "true or false"),
 ]
 
 
