@@ -245,6 +245,35 @@ class TestScan:
         assert entry["output_dir"] == str(new.resolve())
 
 
+def test_foreign_folders_through_the_importer_seam(tmp_path, monkeypatch):
+    """A folder another tool wrote is indexed by whatever importer FOREIGN names, via entry_from_records."""
+    import types
+
+    from flightlog.store import scan as scan_module
+    from flightlog.store.entry import entry_from_records
+
+    def index_entry(folder):
+        lines = (folder / "logging.jsonl").read_text().splitlines()
+        records = [{"type": "run_start", "timestamp": "2026-01-01T00:00:00.000Z", "run_name": "swift-sft", "task_type": "sft", "config": {"lora_rank": 16}}]
+        for i, line in enumerate(lines, start=1):
+            records.append({"type": "metrics", "timestamp": f"2026-01-01T00:00:{i:02d}.000Z", "step": i, **orjson.loads(line)})
+        return entry_from_records(records, folder, source="ms-swift")
+
+    monkeypatch.setitem(sys.modules, "fake_importer", types.SimpleNamespace(index_entry=index_entry))
+    monkeypatch.setattr(scan_module, "FOREIGN", ["fake_importer:index_entry"])
+    folder = tmp_path / "swift" / "v0-20260101-000000"
+    folder.mkdir(parents=True)
+    (folder / "logging.jsonl").write_text('{"loss": 2.0, "acc": 0.5}\n{"loss": 1.5, "acc": 0.7}\n{"loss": 1.7, "acc": 0.6}\n')
+    with RunIndex() as index:
+        first = scan([tmp_path / "swift"], index)
+        second = scan([tmp_path / "swift"], index)  # a rescan updates the same entry
+        assert first.indexed == second.indexed and index.count() == 1
+        run = index.get("swift-sft")
+    assert run["source"] == "ms-swift" and run["params"] == {"lora_rank": 16} and run["last_step"] == 3
+    assert run["best"]["loss"] == {"value": 1.5, "step": 2} and run["best"]["acc"]["value"] == 0.7
+    assert run["final"]["loss"] == 1.7 and run["status"] == "unknown"
+
+
 def test_goal_rule_matches_the_writer():
     """The store's better-direction rule is the writer's (the store may not import the pipeline)."""
     from flightlog.pipeline.summary import metric_goal as writer_goal

@@ -11,7 +11,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from flightlog.protocol import NONFINITE_STRINGS, RUN_FILE, STREAM_FILE, parse_timestamp
 
@@ -137,3 +137,46 @@ def entry_from_run_dir(log_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not summary:
         summary = summarize_stream(Path(meta["log_dir"]))
     return entry_from_meta(meta, summary)
+
+
+def entry_from_records(records: Iterable[Mapping[str, Any]], folder: str | os.PathLike[str], source: str) -> dict[str, Any] | None:
+    """Entry for a run known only by its records (an importer's output for an ms-swift,
+    HF or TensorBoard folder): the first ``run_start`` names it, ``run_end`` ends it,
+    and last/best values are computed from the metrics. None when there are no records.
+
+    The run id is the importer's, or one derived from the folder's path so that a
+    second scan updates the same entry.
+    """
+    import hashlib
+
+    from flightlog.store.summarize import summarize
+
+    records = list(records)
+    if not records:
+        return None
+    start = next((r for r in records if r.get("type") == "run_start"), {})
+    end = next((r for r in reversed(records) if r.get("type") == "run_end"), None)
+    folder = Path(folder).resolve()
+    run_id = start.get("run_id") or records[0].get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        run_id = f"{source}-{hashlib.sha1(str(folder).encode()).hexdigest()[:12]}"
+    stamps = [r["timestamp"] for r in records if isinstance(r.get("timestamp"), str)]
+    summary = summarize(records)
+    meta = {
+        "run_id": run_id,
+        "run_name": start.get("run_name") or folder.name,
+        "task_type": start.get("task_type"),
+        "model_name": start.get("model_name"),
+        "dataset": start.get("dataset"),
+        "config": start.get("config") if isinstance(start.get("config"), Mapping) else {},
+        "status": (end or {}).get("status") or "unknown",
+        "start_time": min(stamps) if stamps else None,
+        "end_time": max(stamps) if stamps and end else None,
+        "heartbeat": max(stamps) if stamps else None,
+        "last_step": summary["last_step"] if isinstance(summary["last_step"], int) else None,
+        "output_dir": str(folder),
+        "log_dir": str(folder),
+    }
+    entry = entry_from_meta(meta, summary, source=source)
+    entry["stream"] = None  # the records live in the other tool's files, read through the importer
+    return entry

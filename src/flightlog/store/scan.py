@@ -3,8 +3,10 @@
 A flightlog run is a folder holding ``run.json``. Folders written by other tools
 (ms-swift's ``logging.jsonl``, HF's ``trainer_state.json``, TensorBoard event files)
 are handed to the importers through ``FOREIGN``: each entry names a function
-``(folder: Path) -> index entry | None``. An importer that is not installed is
-skipped and counted, so the scan works with or without them.
+``(folder: Path) -> index entry | None``; an importer builds the entry with
+:func:`flightlog.store.entry.entry_from_records` from the records it reads. An importer
+that is not installed is skipped and the folder reported, so the scan works with or
+without them.
 """
 
 from __future__ import annotations
