@@ -109,14 +109,18 @@ def fmt_duration(seconds: Any) -> str:
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None, title: str | None = None) -> None:
     """A rich table on a terminal; plain aligned columns otherwise (pipes, files, tests)."""
     out = out or sys.stdout
-    if out.isatty():
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    import shutil
+
+    fits = sum(widths) + 3 * len(widths) + 1 <= shutil.get_terminal_size().columns
+    if out.isatty() and fits:  # a table rich would have to fold: plain columns read better
         try:
             from rich.console import Console
             from rich.table import Table
 
             table = Table(title=title, header_style="bold")
             for h in headers:
-                table.add_column(h, overflow="fold")
+                table.add_column(h, no_wrap=True)
             for row in rows:
                 table.add_row(*row)
             Console(file=out).print(table)
@@ -125,7 +129,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: Text
             pass
     if title:
         print(title, file=out)
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(), file=out)
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
