@@ -146,6 +146,10 @@ def _parse(data: bytes, segment: int, source: Path, wanted: list[str] | None = N
                 warnings.warn(f"flightlog: skipped a torn last line in {source} ({len(tail)} bytes; the writer was stopped mid-line)", StreamWarning, stacklevel=5)
     if not data.strip():
         return {}, [], segment
+    if b'":"NaN"' not in data and b'Infinity"' not in data:
+        direct = _parse_direct(data, segment, wanted)
+        if direct is not None:
+            return direct
     try:
         lines = pl.read_csv(
             io.BytesIO(data), has_header=False, separator="\x01", quote_char=None, new_columns=["line"], schema={"line": pl.String}
@@ -172,6 +176,45 @@ def _parse(data: bytes, segment: int, source: Path, wanted: list[str] | None = N
     odd = pl.any_horizontal([pl.col("line").str.contains(s, literal=True) for s in _NONFINITE])
     lines = lines.with_columns(odd.alias("_odd"))
     by_type = {str(kind[0]): _parse_group(group) for kind, group in lines.group_by("type", maintain_order=True)}
+    return by_type, starts, segments[-1] if segments else segment
+
+
+def _parse_direct(data: bytes, segment: int, wanted: list[str] | None) -> Parsed | None:
+    """The common case in one call: Arrow parses the whole file, Polars splits it by type.
+
+    None when the file needs the line-wise path (a value whose type changes between
+    records, a line without a type, a corrupt line).
+    """
+    import polars as pl
+    import pyarrow.json as pj
+
+    try:
+        frame = pl.from_arrow(pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(block_size=4 << 20)))
+    except Exception:
+        return None
+    if not isinstance(frame, pl.DataFrame) or "type" not in frame.columns or frame.schema["type"] != pl.String or frame.get_column("type").null_count():
+        return None
+    is_start = pl.col("type") == RUN_START
+    starts = []
+    if "segment" in frame.columns:
+        rows = frame.filter(is_start).select([c for c in ("segment", "resumed_from_step") if c in frame.columns])
+        starts = [{"type": RUN_START, **r} for r in rows.to_dicts()]
+    elif frame.filter(is_start).height:
+        starts = [{"type": RUN_START, "segment": 0}] * frame.filter(is_start).height
+    segments = [int(r.get("segment") or 0) for r in starts]
+    mapping = {i: seg for i, seg in enumerate(segments)}
+    mapping[-1] = segment
+    frame = frame.with_columns(
+        (is_start.cast(pl.Int64).cum_sum() - 1).replace_strict(mapping, return_dtype=pl.Int64).alias("segment"),
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("_row"),
+    )
+    if "timestamp" in frame.columns and frame.schema["timestamp"] == pl.String:
+        frame = frame.with_columns(pl.col("timestamp").str.to_datetime(_TS_FORMAT, time_zone="UTC", strict=False))
+    by_type = {}
+    for (kind,), group in frame.group_by("type", maintain_order=True):
+        if wanted is not None and kind not in wanted:
+            continue
+        by_type[str(kind)] = group.select([c for c in group.columns if group.get_column(c).null_count() < group.height])
     return by_type, starts, segments[-1] if segments else segment
 
 
