@@ -156,14 +156,15 @@ def _value(num: Any, text: Any) -> Any:
 class RunIndex:
     """A connection to the index. Cheap to open; use as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = True, timeout: float = 10.0) -> None:
+        """``timeout``: seconds to wait for another writer's lock (the training-side hook waits briefly)."""
         self.path = Path(path) if path is not None else default_path()
         if not create and not self.path.exists():
             raise IndexUnavailable(f"no run index at {self.path} (run 'flightlog index DIR' first, or set FLIGHTLOG_HOME)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            self.db.execute("PRAGMA busy_timeout=10000")
+            self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            self.db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
@@ -470,7 +471,11 @@ def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
 
 
 def upsert_run(meta: Mapping[str, Any], summary: Mapping[str, Any] | None = None, path: str | os.PathLike[str] | None = None) -> None:
-    """The writer's hook: record a run from its ``run.json`` dict and live summary."""
+    """The writer's hook: record a run from its ``run.json`` dict and live summary.
+
+    Waits at most a quarter second for a lock held elsewhere (a big ``flightlog index``
+    scan): the writer thread must get back to its records; the next heartbeat retries.
+    """
     entry = entry_from_meta(meta, summary)
-    with RunIndex(path) as index:
+    with RunIndex(path, timeout=0.25) as index:
         index.upsert(entry)

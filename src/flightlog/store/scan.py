@@ -101,7 +101,9 @@ def scan(roots: Iterable[str | os.PathLike[str]], index: Any) -> ScanResult:
         keep, drop = (entry, chosen[run_id]) if entry.get("log_dir") == current else (chosen[run_id], entry)
         chosen[run_id] = keep
         result.duplicates.append((run_id, str(drop.get("log_dir"))))
-    index.upsert_many(chosen.values())
+    batch = list(chosen.values())
+    for i in range(0, len(batch), 200):  # short transactions: a training run's heartbeat waits at most 0.25 s
+        index.upsert_many(batch[i : i + 200])
     result.indexed = list(chosen)
     return result
 
