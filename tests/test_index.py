@@ -166,6 +166,27 @@ class TestWriterHook:
         assert done["status"] == "finished" and done["end_time"]
         assert done["final"]["loss"] == pytest.approx(0.05)
 
+    def test_locked_index_does_not_stall_training(self, tmp_path, home):
+        """While another process holds the index's write lock, the run trains and writes on."""
+        import sqlite3
+
+        RunIndex().close()
+        blocker = sqlite3.connect(home / "index.sqlite", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            began = time.monotonic()
+            run = flightlog.init(output_dir=tmp_path / "r", run_name="locked", sinks=["jsonl"], heartbeat_interval=0.05, install_signal_handlers=False)
+            for step in range(1, 51):
+                run.log({"loss": 1.0 / step}, step=step)
+            time.sleep(0.3)
+            run.finish()
+            elapsed = time.monotonic() - began
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert elapsed < 5.0  # each index write gives up after 0.25 s instead of waiting 10 s
+        assert len(flightlog.load(run.log_dir)) == 50
+
     def test_index_off_and_broken_index_never_hurt_training(self, tmp_path, monkeypatch):
         """index=False writes nothing; an index that cannot be opened costs the run nothing."""
         run = flightlog.init(output_dir=tmp_path / "a", sinks=["jsonl"], index=False, install_signal_handlers=False)
