@@ -12,6 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _flightlog_home(tmp_path_factory, monkeypatch):
+    """Every test's runs go to a temporary run index, never the user's ~/.flightlog."""
+    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path_factory.getbasetemp() / "flightlog-home"))
+
+
 @pytest.fixture
 def console() -> io.StringIO:
     return io.StringIO()
