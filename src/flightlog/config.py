@@ -86,6 +86,10 @@ class Config:
     console_stream: str = "stdout"
     install_signal_handlers: bool = True
     """Flush and mark the run on SIGTERM/SIGINT (main thread only)."""
+    rules: Any = True
+    """Diagnosis rules: true (defaults), false, a path to a rules YAML file, or a mapping (docs/rules.md)."""
+    notify: list[Any] = field(default_factory=list)
+    """Where alerts go: URLs or mappings (Slack, DingTalk, Feishu, Alertmanager, webhook; docs/rules.md)."""
 
     def __post_init__(self) -> None:
         validate(self, {})
@@ -159,6 +163,8 @@ RULES: dict[str, tuple[Any, str]] = {
     "heartbeat_interval": (_positive_number, "a number of seconds > 0"),
     "console_stream": (_choice(*CONSOLE_STREAMS), "one of " + ", ".join(CONSOLE_STREAMS)),
     "install_signal_handlers": (lambda v: type(v) is bool, "true or false"),
+    "rules": (lambda v: isinstance(v, (bool, str, os.PathLike, Mapping)), "true, false, a path to a rules YAML file or a mapping"),
+    "notify": (lambda v: isinstance(v, list) and all(isinstance(x, (str, Mapping)) for x in v), "a list of URLs or mappings with 'url'"),
 }
 assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
 

@@ -125,6 +125,14 @@ class Run:
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
         )
+        # --- diagnosis rules (writer-thread processor + stall timer); see flightlog.rules.actions
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.rules = None
+        if config.rules is not False:
+            from flightlog.rules import attach
+
+            self.rules = attach(self)
 
         from flightlog import context
 
@@ -325,6 +333,8 @@ class Run:
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
         self._put = self._after_finish
         closed = self.writer.close(timeout)
+        if self.rules is not None:
+            self.rules.close()
         end = format_timestamp(_time())
         self.run_file.update(
             fsync=True,
