@@ -36,8 +36,11 @@ class StallConfig:
     severity: str = "critical"
     factor: float = 10.0
     """Alert when no new step arrived for ``factor`` x the median time between steps ..."""
-    min_seconds: float = 60.0
-    """... but never sooner than this (a fast loop pauses for evals and checkpoints)."""
+    min_seconds: float = 120.0
+    """... but never sooner than this (a fast loop pauses for evals and checkpoints) ..."""
+    pause_factor: float = 1.5
+    """... nor sooner than this times the longest pause the run already came back from
+    (periodic checkpoint saves and evaluations are learnt, not alarmed on twice)."""
     check_interval: float = 1.0
     """How often the timer thread looks."""
     window: int = 50

@@ -166,6 +166,7 @@ class LossSpike(Detector):
         self._diffs: deque[float] = deque(maxlen=c.window)
         self._reference: list[float] = []
         self._last: float | None = None
+        self._sum = self._sumsq = 0.0
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: LossSpikeConfig = self.config  # type: ignore[assignment]
@@ -176,7 +177,13 @@ class LossSpike(Detector):
         if self._last is not None:
             self._diffs.append(x - self._last)
         self._last = x
+        if len(self._values) == self._values.maxlen:
+            old = self._values[0]
+            self._sum -= old
+            self._sumsq -= old * old
         self._values.append(x)
+        self._sum += x
+        self._sumsq += x * x
         if len(self._reference) < c.max_reference:
             self._reference.append(x)
         if found is None:
@@ -188,8 +195,8 @@ class LossSpike(Detector):
         values = self._values
         if len(values) >= c.min_values:
             n = len(values)
-            mean = sum(values) / n
-            std = math.sqrt(max(sum((v - mean) ** 2 for v in values) / n, 0.0))
+            mean = self._sum / n
+            std = math.sqrt(max(self._sumsq / n - mean * mean, 0.0))
             if std > 0 and (x - mean) / std > c.sigmas:
                 return f"{c.field} {x:.4g} is {(x - mean) / std:.1f} sigma above the mean of the last {n} values ({mean:.4g})", mean + c.sigmas * std
         if self._reference and len(self._reference) >= min(c.min_values, c.max_reference):
@@ -251,6 +258,10 @@ class OscillationConfig(DetectorConfig):
     """Seeds: peak-valley difference > 0.5."""
     min_swings: int = 3
     """Up/down moves larger than ``amplitude`` within the window (a single spike is 2)."""
+    noise_sigmas: float = 4.0
+    """Noise-aware: a move must also exceed this many robust standard deviations of the
+    step-to-step changes seen before the window (a noisy run is not an oscillating one)."""
+    history: int = 200
 
 
 def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
@@ -291,6 +302,10 @@ class OscillationConfig(DetectorConfig):
     """Seeds: peak-valley difference > 0.5."""
     min_swings: int = 3
     """Up/down moves larger than ``amplitude`` within the window (a single spike is 2)."""
+    noise_sigmas: float = 4.0
+    """Noise-aware: a move must also exceed this many robust standard deviations of the
+    step-to-step changes seen before the window (a noisy run is not an oscillating one)."""
+    history: int = 200
 
 
 def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
@@ -332,18 +347,29 @@ class Oscillation(Detector):
         self.on_warmup_end()
 
     def on_warmup_end(self) -> None:
-        self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
+        c: OscillationConfig = self.config  # type: ignore[assignment]
+        self._values: deque[float] = deque(maxlen=c.window)
+        self._diffs: deque[float] = deque(maxlen=c.history + c.window)
+        self._noise = 0.0
+        self._count = 0
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: OscillationConfig = self.config  # type: ignore[assignment]
         x = number(record, c.field)
         if x is None or not math.isfinite(x):
             return []
+        if self._values:
+            self._diffs.append(x - self._values[-1])
         self._values.append(x)
-        swings, biggest = zigzag_swings(self._values, c.amplitude)
+        self._count += 1
+        if self._count % 10 == 0 and len(self._diffs) >= c.window + 20:
+            before = list(self._diffs)[: len(self._diffs) - c.window]
+            self._noise = c.noise_sigmas * _robust_std(before)
+        amplitude = max(c.amplitude, self._noise)
+        swings, biggest = zigzag_swings(self._values, amplitude)
         if swings >= c.min_swings:
-            return [self.finding(f"{c.field} swings {swings} times by more than {c.amplitude} within {len(self._values)} records "
-                                 f"(peak-valley {biggest:.3g})", record, biggest, c.amplitude, warmup=warmup)]
+            return [self.finding(f"{c.field} swings {swings} times by more than {amplitude:.3g} within {len(self._values)} records "
+                                 f"(peak-valley {biggest:.3g})", record, biggest, amplitude, warmup=warmup)]
         return []
 
 
@@ -432,9 +458,7 @@ class GradExplosion(Detector):
 
     def __init__(self, config: GradExplosionConfig | None = None) -> None:
         super().__init__(config)
-        self.on_warmup_end()
-
-    def on_warmup_end(self) -> None:
+        # Warmup values are kept: big warmup gradients only make the reference more tolerant.
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
@@ -444,7 +468,9 @@ class GradExplosion(Detector):
             return []
         usual = median(self._values) if len(self._values) >= c.min_values else None
         self._values.append(g)
-        if g > c.threshold and (usual is None or g > c.ratio * usual):
+        # Until the run's usual norm is known, only a clear explosion (threshold x ratio) counts:
+        # some models simply run with norms above 5.
+        if g > c.threshold and (g > c.ratio * usual if usual is not None else g > c.ratio * c.threshold):
             where = f", {g / usual:.1f}x the recent median {usual:.3g}" if usual else ""
             return [self.finding(f"{c.field} {g:.4g} > {c.threshold}{where}", record, g, c.threshold, warmup=warmup)]
         return []

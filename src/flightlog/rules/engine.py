@@ -43,9 +43,9 @@ class WarmupTracker:
         by_lr = False
         lr = number(record, "learning_rate")
         if not self._has_stage and self._lr_rising and lr is not None:
-            if self._lr is not None:
-                by_lr = lr > self._lr
-                self._lr_rising = by_lr
+            # The first record cannot tell yet; it counts as warmup (notes, not alarms).
+            by_lr = lr > self._lr if self._lr is not None else True
+            self._lr_rising = by_lr
             self._lr = lr
         self.active = by_step or by_lr
         return self.active

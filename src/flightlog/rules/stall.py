@@ -28,6 +28,7 @@ class StallWatch:
         self._last_time: float | None = None
         self._last_step: int | None = None
         self._alerted = False
+        self._longest = 0.0
         self._lock = threading.Lock()
 
     def observe(self, step: int | None, t: float) -> Finding | None:
@@ -42,6 +43,7 @@ class StallWatch:
                                     step, gap, None, "", "stall:recovered")
             elif self._last_time is not None and t > self._last_time:
                 self._intervals.append(t - self._last_time)
+                self._longest = max(self._longest, t - self._last_time)
             self._last_time, self._last_step, self._alerted = t, step, False
             return recovered
 
@@ -50,7 +52,7 @@ class StallWatch:
         c = self.config
         if len(self._intervals) < c.min_intervals:
             return None
-        return max(c.min_seconds, c.factor * median(self._intervals))
+        return max(c.min_seconds, c.factor * median(self._intervals), c.pause_factor * self._longest)
 
     def check(self, now: float) -> Finding | None:
         """A stall finding if the last step is older than the limit (once per stall)."""
