@@ -265,7 +265,7 @@ class OscillationConfig(DetectorConfig):
 
 
 def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
-    """Number of alternating moves larger than ``amplitude``, and the window's peak-valley.
+    """Number of alternating moves of at least ``amplitude``, and the window's peak-valley.
 
     A trend is one move, a spike two (up, down); oscillation is many. Noise smaller
     than ``amplitude`` never counts, so a steadily falling loss does not look like swings.
@@ -273,67 +273,27 @@ def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
     data = list(values)
     if not data:
         return 0, 0.0
+    amplitude -= 1e-9 * max(1.0, amplitude)  # 1.8 - 1.3 is 0.4999999999999999 in floats
     hi = lo = extreme = data[0]
     direction = swings = 0
     for v in data[1:]:
         if direction == 0:
             hi, lo = max(hi, v), min(lo, v)
-            if v - lo > amplitude:
+            if v - lo >= amplitude:
                 direction, extreme, swings = 1, v, 1
-            elif hi - v > amplitude:
+            elif hi - v >= amplitude:
                 direction, extreme, swings = -1, v, 1
         elif direction > 0:
             if v > extreme:
                 extreme = v
-            elif extreme - v > amplitude:
+            elif extreme - v >= amplitude:
                 direction, extreme, swings = -1, v, swings + 1
         else:
             if v < extreme:
                 extreme = v
-            elif v - extreme > amplitude:
+            elif v - extreme >= amplitude:
                 direction, extreme, swings = 1, v, swings + 1
     return swings, max(data) - min(data)
-
-
-class OscillationConfig(DetectorConfig):
-    field: str = "loss"
-    window: int = 20
-    amplitude: float = 0.5
-    """Seeds: peak-valley difference > 0.5."""
-    min_swings: int = 3
-    """Up/down moves larger than ``amplitude`` within the window (a single spike is 2)."""
-    noise_sigmas: float = 4.0
-    """Noise-aware: a move must also exceed this many robust standard deviations of the
-    step-to-step changes seen before the window (a noisy run is not an oscillating one)."""
-    history: int = 200
-
-
-def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
-    """Number of alternating moves larger than ``amplitude``, and the largest peak-valley seen.
-
-    A trend is one move, a spike two (up, down); oscillation is many. Noise smaller
-    than ``amplitude`` never counts, so a steadily falling loss does not look like swings.
-    """
-    it = iter(values)
-    try:
-        first = next(it)
-    except StopIteration:
-        return 0, 0.0
-    swings, direction, extreme, anchor, biggest = 0, 0, first, first, 0.0
-    for v in it:
-        if direction >= 0 and v > extreme or direction <= 0 and v < extreme:
-            if direction != 0:
-                extreme = v
-        move = v - extreme
-        if direction == 0:
-            if abs(v - anchor) > amplitude:
-                direction = 1 if v > anchor else -1
-                swings, extreme = 1, v
-                biggest = abs(v - anchor)
-        elif direction > 0 and extreme - v > amplitude or direction < 0 and v - extreme > amplitude:
-            biggest = max(biggest, abs(move))
-            direction, extreme, swings = -direction, v, swings + 1
-    return swings, biggest
 
 
 class Oscillation(Detector):
@@ -602,10 +562,10 @@ class SlowStep(Detector):
 # --------------------------------------------------------------------------- schedule
 @dataclass(kw_only=True)
 class CyclicLRConfig(DetectorConfig):
-    window: int = 200
+    window: int = 400
     min_cycles: int = 2
     """Learning-rate rises after a fall (a decay schedule has none after warmup)."""
-    correlation: float = 0.6
+    correlation: float = 0.4
     """Pearson correlation between the learning rate and the detrended loss."""
     every: int = 10
 
