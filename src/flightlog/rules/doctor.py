@@ -222,13 +222,31 @@ def _how_it_ended(end: dict[str, Any] | None, meta: dict[str, Any] | None, last_
         return str(end.get("status", "unknown")), f"run_end record at step {end.get('step', last_step)} ({end.get('timestamp')})"
     if meta is not None:
         status = effective_status(meta)
+        if status == "running" and _process_gone(meta):
+            status = "crashed"
         if status == "crashed":
-            return "crashed", (f"no run_end record and run.json stopped beating at {meta.get('heartbeat')}: "
-                               f"the process died (kill -9, OOM killer, node failure) after step {last_step}")
+            return "crashed", (f"no run_end record; run.json still says running (last heartbeat {meta.get('heartbeat')}) "
+                               f"but process {meta.get('pid')} is gone: it died (kill -9, OOM killer, node failure) after step {last_step}")
         if status == "running":
             return "running", f"still running (heartbeat {meta.get('heartbeat')}), last step {last_step}"
         return status, f"run.json says {status}"
     return "unknown", f"no run_end record: the process ended without finishing (killed or crashed?) after step {last_step}"
+
+
+def _process_gone(meta: dict[str, Any]) -> bool:
+    """True when run.json names a process on this host that no longer exists."""
+    import socket
+
+    pid, host = meta.get("pid"), (meta.get("hardware") or {}).get("host")
+    if type(pid) is not int or host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 # --------------------------------------------------------------------------- rendering
