@@ -98,6 +98,17 @@ class Detector:
     def on_warmup_end(self) -> None:
         """Forget what was learnt during warmup (its noise is not the run's noise)."""
 
+    def _median(self, min_values: int) -> float | None:
+        """Median of ``self._values``, recomputed every 8 calls (it moves slowly; sorting is not free)."""
+        values: deque[float] = self._values  # type: ignore[attr-defined]
+        if len(values) < min_values:
+            return None
+        calls = getattr(self, "_median_calls", 0)
+        self._median_calls = calls + 1
+        if calls % 8 == 0 or getattr(self, "_median_cache", None) is None:
+            self._median_cache: float | None = median(values)
+        return self._median_cache
+
     def finding(self, message: str, record: Mapping[str, Any], value: float | None = None,
                 threshold: float | None = None, *, warmup: bool = False, key: str = "") -> Finding:
         step = record.get("step")
@@ -326,6 +337,8 @@ class Oscillation(Detector):
             before = list(self._diffs)[: len(self._diffs) - c.window]
             self._noise = c.noise_sigmas * _robust_std(before)
         amplitude = max(c.amplitude, self._noise)
+        if max(self._values) - min(self._values) < amplitude:
+            return []  # no move can be that large: skip the zigzag walk
         swings, biggest = zigzag_swings(self._values, amplitude)
         if swings >= c.min_swings:
             return [self.finding(f"{c.field} swings {swings} times by more than {amplitude:.3g} within {len(self._values)} records "
@@ -363,7 +376,11 @@ def slope_t(values: Any) -> tuple[float, float]:
 
 
 class Rising(Detector):
-    """Loss going up: N consecutive rises, or a significant upward trend (divergence)."""
+    """Loss going up: N consecutive rises, or a significant upward trend (divergence).
+
+    The trend's regression runs on sums kept up to date as the window slides (O(1) per
+    record; re-summed now and then against float drift).
+    """
 
     name = "loss_rising"
     Config = RisingConfig
@@ -375,6 +392,36 @@ class Rising(Detector):
     def on_warmup_end(self) -> None:
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
         self._rises = 0
+        self._s = self._q = self._p = 0.0  # sum y, sum y^2, sum i*y
+        self._updates = 0
+
+    def _push(self, x: float) -> None:
+        values = self._values
+        n = len(values)
+        if n == values.maxlen:
+            y0 = values[0]
+            self._p -= self._s - y0
+            self._s -= y0
+            self._q -= y0 * y0
+            n -= 1
+        values.append(x)
+        self._s += x
+        self._q += x * x
+        self._p += n * x
+        self._updates += 1
+        if self._updates % 256 == 0:
+            self._s = sum(values)
+            self._q = sum(v * v for v in values)
+            self._p = sum(i * v for i, v in enumerate(values))
+
+    def _trend(self) -> tuple[float, float]:
+        n = len(self._values)
+        sxx = n * (n * n - 1) / 12.0
+        slope = (self._p - (n - 1) / 2.0 * self._s) / sxx
+        resid = (self._q - self._s * self._s / n) - slope * slope * sxx
+        if resid <= 1e-15 * max(1.0, self._q):
+            return slope, math.inf if slope > 0 else 0.0
+        return slope, slope / math.sqrt(resid / (n - 2) / sxx)
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: RisingConfig = self.config  # type: ignore[assignment]
@@ -385,14 +432,14 @@ class Rising(Detector):
             self._rises += 1
         else:
             self._rises = 0
-        self._values.append(x)
+        self._push(x)
         if warmup:
             return []
         if self._rises >= c.consecutive:
             return [self.finding(f"{c.field} rose {self._rises} times in a row (now {x:.4g})", record, float(self._rises), float(c.consecutive))]
         if len(self._values) == c.window:
-            slope, t = slope_t(self._values)
-            level = abs(sum(self._values) / len(self._values)) or 1.0
+            slope, t = self._trend()
+            level = abs(self._s / c.window) or 1.0
             rise = slope * (c.window - 1)
             if t > c.t_stat and rise > c.min_rise * level:
                 return [self.finding(f"{c.field} trends upward: +{rise:.3g} over the last {c.window} records (t={t:.1f})",
@@ -426,7 +473,7 @@ class GradExplosion(Detector):
         g = number(record, c.field)
         if g is None or not math.isfinite(g):
             return []
-        usual = median(self._values) if len(self._values) >= c.min_values else None
+        usual = self._median(c.min_values)
         self._values.append(g)
         # Until the run's usual norm is known, only a clear explosion (threshold x ratio) counts:
         # some models simply run with norms above 5.
@@ -546,7 +593,7 @@ class SlowStep(Detector):
         t = number(record, c.field)
         if t is None or not math.isfinite(t) or t <= 0:
             return []
-        usual = median(self._values) if len(self._values) >= c.min_values else None
+        usual = self._median(c.min_values)
         slow = usual is not None and t > c.factor * usual
         self._count = self._count + 1 if slow else 0
         if not slow:
@@ -594,17 +641,20 @@ class CyclicLR(Detector):
         self._lr: deque[float] = deque(maxlen=n)
         self._loss: deque[float] = deque(maxlen=n)
         self._seen = 0
+        self._rose = False
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: CyclicLRConfig = self.config  # type: ignore[assignment]
         lr, loss = number(record, "learning_rate"), number(record, "loss")
         if lr is None or loss is None or not math.isfinite(loss) or warmup:
             return []
+        if self._lr and lr > self._lr[-1]:
+            self._rose = True
         self._lr.append(lr)
         self._loss.append(loss)
         self._seen += 1
-        if self._seen % c.every or len(self._lr) < c.window // 2:
-            return []
+        if not self._rose or self._seen % c.every or len(self._lr) < c.window // 2:
+            return []  # a schedule that never rises again after warmup is not cyclic
         lrs = list(self._lr)
         top = max(lrs)
         if top <= 0:
