@@ -89,7 +89,7 @@ def attach(run: Any) -> Rules | None:
 
         timer = StallTimer(watch, report)
     engine = RulesEngine(config, emit=run.writer.emit, on_alert=on_alert if handlers else None, watch=watch)
-    run.add_processor(engine)
+    run.add_observer(engine)  # after redaction; its own alerts are not fed back to it
     if timer is not None:
         timer.start()
     return Rules(engine, timer, dispatcher)

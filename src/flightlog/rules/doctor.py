@@ -160,7 +160,7 @@ def diagnose(records: Iterable[dict[str, Any]], meta: dict[str, Any] | None = No
                 add({"timestamp": r.get("timestamp"), "step": r["resumed_from_step"], "rule": "resume", "severity": "info",
                      "message": f"resumed from step {r['resumed_from_step']} (segment {r.get('segment')})", "source": "log"})
         elif kind == METRICS:
-            summary(r)
+            summary.observe(r)
             if t is not None:
                 stalled = watch.check(t)
                 if stalled is not None:
@@ -190,7 +190,7 @@ def diagnose(records: Iterable[dict[str, Any]], meta: dict[str, Any] | None = No
     ended, detail = _how_it_ended(end, meta, summary.last_step, last_time)
     return Report(run=run, ended=ended, ended_detail=detail, timeline=timeline, causes=_causes(timeline),
                   warmup_notes=warmup_notes, best={k: {"value": v, "step": summary.best_step.get(k)} for k, v in summary.best.items()},
-                  last=dict(summary.last), last_step=summary.last_step, metrics_records=summary.metrics_records,
+                  last=summary.summary()["last"], last_step=summary.last_step, metrics_records=summary.metrics_records,
                   checkpoints=checkpoints, skipped_lines=skipped_lines)
 
 
