@@ -249,3 +249,18 @@ def test_dead_endpoints_do_not_slow_training(tmp_path: Path, server: Recorder) -
     assert run.rules.dispatcher.channels[0].failed >= 1  # the refused endpoint was really tried
     assert noisy < quiet + 1.0, f"loop took {noisy:.2f}s with dead notifiers vs {quiet:.2f}s without"
     assert finish_s < 5.0, f"finish waited {finish_s:.2f}s for dead notifiers"
+
+
+def test_run_alerts_reach_notifiers(tmp_path: Path, server: Recorder) -> None:
+    """Alerts from the rules and from user code (run.alert) are delivered, each once."""
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, flush_interval=0.05,
+                         notify=[server.url + "/hook"])
+    run.alert("eval_regression", "eval_accuracy fell 5 points", severity="critical", value=0.71, threshold=0.76)
+    run.log({"loss": float("nan")}, step=1)
+    run.finish()
+    bodies = [r["body"]["alert"] for r in server.wait(2)]
+    assert sorted(b["rule"] for b in bodies) == ["eval_regression", "nonfinite"]
+    user = next(b for b in bodies if b["rule"] == "eval_regression")
+    assert user["value"] == 0.71 and user["run_id"] == run.run_id
+    time.sleep(0.2)
+    assert len(server.requests) == 2
