@@ -152,7 +152,7 @@ class TestPayloads:
         assert request["path"] == "/api/v2/alerts"
         (alert,) = request["body"]
         assert alert["labels"] == {"alertname": "FlightlogNonfinite", "severity": "critical", "rule": "nonfinite",
-                                   "source": "flightlog", "run_id": RUN["run_id"], "run_name": RUN["run_name"], "host": "node1"}
+                                   "source": "flightlog", "run": RUN["run_name"], "run_id": RUN["run_id"], "host": "node1"}
         assert alert["annotations"]["summary"] == "loss is nan" and alert["annotations"]["value"] == "nan"
         assert alert["startsAt"] == "2026-11-30T01:38:35.853Z" and alert["endsAt"] == "2026-11-30T02:38:35.853Z"
 

@@ -38,7 +38,7 @@ def promtool_check(path: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (scripts/system-deps installs it)")
 def test_promtool_accepts_generated_rules(tmp_path: Path, capsys: Any) -> None:
-    """The CLI writes the file; promtool finds all six rules; thresholds follow the rules YAML."""
+    """The CLI writes the file; promtool finds all seven rules; thresholds follow the rules YAML."""
     rules_yaml = tmp_path / "rules.yaml"
     rules_yaml.write_text("loss_spike: {sigmas: 4, jump: 0.8}\nmemory_pressure: {fraction: 0.9}\n")
     out = tmp_path / "flightlog.rules.yml"
@@ -46,13 +46,14 @@ def test_promtool_accepts_generated_rules(tmp_path: Path, capsys: Any) -> None:
                 "--matchers", 'job="train"']) == 0
     result = promtool_check(out)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
     rules = {r["alert"]: r for r in yaml.safe_load(out.read_text())["groups"][0]["rules"]}
     assert rules["FlightlogStall"]["expr"] == 'time() - flightlog_last_step_timestamp_seconds{job="train"} > 300'
     assert "> 4 * stddev_over_time" in rules["FlightlogLossSpike"]["expr"]
     assert rules["FlightlogLossJump"]["expr"].endswith("> 0.8")
     assert rules["FlightlogMemoryPressure"]["expr"].endswith("> 0.9")
     assert rules["FlightlogNonfinite"]["labels"]["severity"] == "critical"
+    assert rules["FlightlogRuleAlert"]["expr"] == 'increase(flightlog_alerts_total{job="train"}[5m]) > 0'
 
 
 def test_cli_errors(tmp_path: Path, capsys: Any) -> None:
@@ -123,7 +124,7 @@ def test_real_prometheus_fires_stall_when_logging_stops(tmp_path: Path) -> None:
                              f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = None
     try:
-        sink = GaugeSink(registry, {"run_name": "prom-e2e"})
+        sink = GaugeSink(registry, {"run": "prom-e2e", "run_id": "e2e"})
         run = flightlog.init(output_dir=tmp_path / "out", run_name="prom-e2e", sinks=["jsonl", sink],
                              install_signal_handlers=False, flush_interval=0.1)
         seen_while_logging: list[str] = []
@@ -149,7 +150,7 @@ def test_real_prometheus_fires_stall_when_logging_stops(tmp_path: Path) -> None:
             time.sleep(0.5)
             fired = next((a for a in _alerts(prom_port) if a["labels"]["alertname"] == "FlightlogStall" and a["state"] == "firing"), None)
         assert fired is not None, "the stall alert did not fire within 30s of logging stopping"
-        assert fired["labels"]["run_name"] == "prom-e2e" and fired["labels"]["severity"] == "critical"
+        assert fired["labels"]["run"] == "prom-e2e" and fired["labels"]["severity"] == "critical"
         assert time.monotonic() - stopped >= 4  # not before the stall limit
     finally:
         if run is not None:

@@ -24,7 +24,8 @@ def _selector(matchers: str) -> str:
 
 def build_rules(config: RulesConfig | None = None, *, stall_seconds: float = 600.0, matchers: str = "",
                 for_: str = "1m", group: str = "flightlog", spike_window: str = "30m") -> dict[str, Any]:
-    """The rules file as a dict (YAML-ready): stall, NaN/Inf, loss spike, loss jump, OOM risk, grad explosion."""
+    """The rules file as a dict (YAML-ready): stall, NaN/Inf, loss spike and jump, OOM risk, grad explosion,
+    and any alert the run's own rules raised (the exporter's alert counter)."""
     config = config or RulesConfig()
     sel = _selector(matchers)
     loss, grad = names.metric_name("loss") + sel, names.metric_name("grad_norm") + sel
@@ -44,22 +45,31 @@ def build_rules(config: RulesConfig | None = None, *, stall_seconds: float = 600
 
     rules = [
         rule("stall", f"time() - {names.LAST_STEP_TIMESTAMP}{sel} > {stall_seconds:g}", "critical",
-             "run {{ $labels.run_name }}: no new step for {{ $value | humanizeDuration }}"
+             "run {{ $labels.run }}: no new step for {{ $value | humanizeDuration }}"
              f" (limit {stall_seconds:g}s)", "0s"),
         rule("nonfinite", f"({loss} != {loss}) or (abs({loss}) == +Inf) or ({grad} != {grad}) or (abs({grad}) == +Inf)",
-             "critical", "run {{ $labels.run_name }}: loss or gradient norm is NaN/Inf", "0s"),
+             "critical", "run {{ $labels.run }}: loss or gradient norm is NaN/Inf", "0s"),
         rule("loss_spike",
              f"({loss} - avg_over_time({loss}[{spike_window}])) > {spike.sigmas:g} * stddev_over_time({loss}[{spike_window}])"  # type: ignore[attr-defined]
              f" and count_over_time({loss}[{spike_window}]) >= {spike.min_values}",  # type: ignore[attr-defined]
-             "warning", f"run {{{{ $labels.run_name }}}}: loss is more than {spike.sigmas:g} sigma above its {spike_window} mean", "0s"),  # type: ignore[attr-defined]
+             "warning", f"run {{{{ $labels.run }}}}: loss is more than {spike.sigmas:g} sigma above its {spike_window} mean", "0s"),  # type: ignore[attr-defined]
         rule("loss_jump", f"({loss} - ({loss} offset 2m)) > {spike.jump:g}",  # type: ignore[attr-defined]
-             "warning", f"run {{{{ $labels.run_name }}}}: loss rose by more than {spike.jump:g} within 2m", "0s"),  # type: ignore[attr-defined]
+             "warning", f"run {{{{ $labels.run }}}}: loss rose by more than {spike.jump:g} within 2m", "0s"),  # type: ignore[attr-defined]
         rule("memory_pressure", f"({mem} / {total}) > {memory.fraction:g}",  # type: ignore[attr-defined]
-             "warning", f"run {{{{ $labels.run_name }}}}: GPU memory above {memory.fraction:.0%} of the device (OOM risk)"),  # type: ignore[attr-defined]
+             "warning", f"run {{{{ $labels.run }}}}: GPU memory above {memory.fraction:.0%} of the device (OOM risk)"),  # type: ignore[attr-defined]
         rule("grad_explosion", f"{grad} > {explosion.threshold:g}",  # type: ignore[attr-defined]
-             "warning", f"run {{{{ $labels.run_name }}}}: gradient norm above {explosion.threshold:g}"),  # type: ignore[attr-defined]
+             "warning", f"run {{{{ $labels.run }}}}: gradient norm above {explosion.threshold:g}"),  # type: ignore[attr-defined]
     ]
     rules[3]["annotations"]["action"] = advice_for("loss_spike").action
+    # Every live rule (plateau, oscillation, adapter, cyclic lr ...) through the exporter's alert counter.
+    rules.append({
+        "alert": names.alert_name("rule_alert"),
+        "expr": f"increase({names.ALERTS_TOTAL}{sel}[5m]) > 0",
+        "for": "0s",
+        "labels": {"source": "flightlog"},
+        "annotations": {"summary": "run {{ $labels.run }}: flightlog rule {{ $labels.rule }} raised a {{ $labels.severity }} alert",
+                        "action": "see the alert record in train.jsonl or run `flightlog doctor` on the run"},
+    })
     return {"groups": [{"name": group, "rules": rules}]}
 
 

@@ -35,9 +35,10 @@ def labels_and_annotations(alert: Mapping[str, Any], run: Mapping[str, Any]) -> 
     rule = str(alert.get("rule", "alert"))
     labels = {"alertname": alert_name(rule), "severity": str(alert.get("severity", "warning")), "rule": rule,
               "source": "flightlog"}
-    for key in ("run_id", "run_name", "host"):
+    # The exporter's run labels (``run`` = run name, ``run_id``), so routes match both sources.
+    for label, key in (("run", "run_name"), ("run_id", "run_id"), ("host", "host")):
         if run.get(key):
-            labels[key] = str(run[key])
+            labels[label] = str(run[key])
     annotations = {"summary": str(alert.get("message", ""))}
     for key in ("action", "value", "threshold", "step"):
         if alert.get(key) is not None:
