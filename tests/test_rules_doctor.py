@@ -142,3 +142,20 @@ def test_bad_path(tmp_path: Path, capsys: Any) -> None:
     assert cli(["doctor", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert "not a flightlog run" in err or "found no" in err
+
+
+def test_ms_swift_logging_jsonl_through_the_importers(tmp_path: Path, capsys: Any) -> None:
+    """With the run store's importers installed, an ms-swift logging.jsonl is diagnosed like a flightlog run."""
+    import pytest
+
+    pytest.importorskip("flightlog.store.importers", reason="the run store's importers are another issue's work")
+    lines = []
+    for step in range(1, 301):
+        loss = 2.5 - step * 0.002 + (0.01 if step % 2 else -0.01) + (1.7 if step == 200 else 0.0)
+        lines.append(json.dumps({"loss": round(loss, 4), "grad_norm": 1.2, "learning_rate": 1e-4, "memory(GiB)": 14.2,
+                                 "epoch": step / 300, "global_step/max_steps": f"{step}/300", "percentage": f"{step / 3:.2f}%",
+                                 "elapsed_time": f"{step}s", "remaining_time": "1s"}))
+    (tmp_path / "logging.jsonl").write_text("\n".join(lines) + "\n")
+    assert cli(["doctor", str(tmp_path / "logging.jsonl")]) == 0
+    text = capsys.readouterr().out
+    assert "WARNING loss_spike x1 (first at step 200)" in text and "300 metrics records" in text

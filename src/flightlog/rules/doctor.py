@@ -116,8 +116,9 @@ def _imported(p: Path) -> list[dict[str, Any]]:
         raise ValueError(f"flightlog doctor: {str(p)!r} is not a flightlog run (no train.jsonl); reading ms-swift "
                          "logging.jsonl or HF trainer_state.json needs the run store's importers") from None
     target = p if p.is_dir() else p.parent
-    for found in detect_formats(target):
-        if found.format in ("ms-swift", "hf") and (p.is_dir() or Path(found.path) == p):
+    for found in detect_formats(target):  # best source first
+        source = Path(found.path)
+        if p.is_dir() or source == p or (found.format == "hf" and source == p.parent):
             return list(found.open().records())
     raise ValueError(f"flightlog doctor: found no flightlog, ms-swift or HF trainer log in {str(p)!r}")
 
@@ -260,7 +261,8 @@ def render_text(report: Report, markdown: bool = False) -> str:
     h1, h2, bullet = ("# ", "## ", "- ") if markdown else ("", "", "  ")
     sub = "  - " if markdown else "    "
     run = report.run
-    lines = [f"{h1}flightlog doctor: run {run.get('run_name', '?')} ({run.get('run_id', '?')})", ""]
+    ident = f" ({run['run_id']})" if run.get("run_id") else ""
+    lines = [f"{h1}flightlog doctor: run {run.get('run_name', '?')}{ident}", ""]
     lines.append(f"{h2}How it ended" if markdown else "How it ended:")
     lines.append(f"{bullet}{report.ended.upper()}: {report.ended_detail}")
     lines.append(f"{bullet}{report.metrics_records} metrics records, last step {report.last_step}; "
