@@ -19,7 +19,7 @@ import pytest
 
 import flightlog
 from flightlog.config import ConfigError
-from flightlog.rules.notify import Channel, Dispatcher, make_notifier, parse_spec
+from flightlog.rules.notify import Channel, make_notifier, parse_spec
 
 ALERT = {"type": "alert", "rule": "nonfinite", "severity": "critical", "message": "loss is nan", "value": float("nan"),
          "action": "stop and resume from the last good checkpoint", "step": 250, "timestamp": "2026-11-30T01:38:35.853Z"}

@@ -12,8 +12,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
