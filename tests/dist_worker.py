@@ -49,7 +49,7 @@ def main() -> int:
     if args.ddp:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    params = list(model.parameters())  # plain SGD: torch.optim would import torch._dynamo (seconds)
 
     run = flightlog.init(
         output_dir=args.out, run_name="dist-test", sinks=["jsonl"], logging_steps=args.logging_steps,
@@ -58,7 +58,8 @@ def main() -> int:
     )
     local: dict[int, dict[str, float]] = {}
     status = "ok"
-    started = time.monotonic()
+    failed_in = None
+    t_log = time.monotonic()
     try:
         with run:
             for step in range(1, args.steps + 1):
@@ -69,9 +70,11 @@ def main() -> int:
                     time.sleep(args.delay)
                 i = (step * 8) % 64
                 loss = torch.nn.functional.mse_loss(model(x[i:i + 8]).squeeze(-1), y[i:i + 8])
-                opt.zero_grad()
                 loss.backward()
-                opt.step()
+                with torch.no_grad():
+                    for param in params:
+                        param -= 0.01 * param.grad
+                        param.grad = None
                 metrics = {
                     "loss": loss.detach(),  # a CPU tensor, as a training loop hands it
                     "num_tokens": 100 * (rank + 1) + step,
@@ -81,13 +84,15 @@ def main() -> int:
                 }
                 if rank == args.extra_key_rank:
                     metrics["extra_metric"] = float(rank * 10 + step)
+                t_log = time.monotonic()
                 run.log(metrics, step=step, epoch=step / args.steps)
                 if step % args.logging_steps == 0:
                     local[step] = {k: (float(v) if not isinstance(v, str) else v) for k, v in metrics.items()}
     except flightlog.dist.DistributedTimeout as exc:
         status = f"DistributedTimeout ranks={exc.ranks}"
+        failed_in = time.monotonic() - t_log  # from entering the failing log() to the end of the run
     with open(os.path.join(args.out, f"local-rank-{rank}.json"), "w") as fh:
-        json.dump({"rank": rank, "world": world, "status": status, "seconds": time.monotonic() - started,
+        json.dump({"rank": rank, "world": world, "status": status, "failed_in": failed_in,
                    "steps": {str(k): v for k, v in local.items()}, "type": type(run).__name__}, fh)
     if status == "ok":
         dist.destroy_process_group()
