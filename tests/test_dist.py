@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -349,12 +347,23 @@ def test_dead_or_hung_rank_is_named_and_the_others_end(tmp_path: Path, how: str,
 
 
 @pytest.mark.slow
-def test_plain_ddp_loop(tmp_path: Path) -> None:
-    """A DistributedDataParallel loop: flightlog's collectives interleave with DDP's; loss is the rank mean."""
-    torchrun(tmp_path, 2, "--ddp", "--steps", "8")
+def test_plain_ddp_loop_and_figures_mode(tmp_path: Path) -> None:
+    """A DistributedDataParallel loop: flightlog's collectives interleave with DDP's; loss is the
+    rank mean. A second run in the same processes with dist_mode='figures' (what the HF callback
+    uses: the Trainer already averaged) writes rank 0's values untouched, still with per-rank figures."""
+    torchrun(tmp_path, 2, "--ddp", "--steps", "8", "--also-figures")
     local = local_values(tmp_path, 2)
     got = metrics_by_step(read(tmp_path / "logs" / "train.jsonl"))
     assert sorted(got) == list(range(1, 9))
     for step, rec in got.items():
         assert rec["loss"] == pytest.approx(sum(v["steps"][str(step)]["loss"] for v in local) / 2, rel=1e-12)
     assert local[0]["steps"]["8"]["loss"] != local[1]["steps"]["8"]["loss"]  # a real per-rank difference
+    figures = tmp_path / "figures"
+    local = local_values(figures, 2)
+    got = metrics_by_step(read(figures / "logs" / "train.jsonl"))
+    assert sorted(got) == list(range(1, 9))
+    for step, rec in got.items():
+        mine = local[0]["steps"][str(step)]
+        assert rec["loss"] == mine["loss"] and rec["throughput_samples_per_sec"] == mine["throughput_samples_per_sec"]
+        assert rec["peak_memory_rank"] in (0, 1)
+    assert got[8]["slowest_rank"] in (0, 1)
