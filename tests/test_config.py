@@ -89,6 +89,14 @@ BAD_VALUES = [
     ("model_name", 3, "a string"),
     ("dataset", 3, "a string"),
     ("log_dir", 3, "a path"),
+    ("dist_mode", "all", "one of reduce, figures, off"),
+    ("dist_policy", {"loss": "avg"}, "a mapping of metric name or glob to one of mean, sum, max, min, rank0"),
+    ("dist_weight", "", "a metric name or null"),
+    ("dist_timeout", 0, "a number of seconds > 0"),
+    ("dist_on_failure", "ignore", "one of raise, continue"),
+    ("rank_streams", "yes", "true or false"),
+    ("straggler_margin", -0.1, "a fraction > 0"),
+    ("straggler_patience", 0, "an integer >= 1"),
 ]
 
 
