@@ -40,8 +40,6 @@ def train(args: argparse.Namespace, out: str, mode: str, model: torch.nn.Module,
                 if rank == args.die_rank and step == args.die_step:
                     run.flush()
                     os.kill(os.getpid(), signal.SIGKILL if args.die_how == "kill" else signal.SIGSTOP)
-                if rank == args.delay_rank:
-                    time.sleep(args.delay)
                 i = (step * 8) % 64
                 loss = torch.nn.functional.mse_loss(model(x[i:i + 8]).squeeze(-1), y[i:i + 8])
                 loss.backward()
@@ -49,6 +47,8 @@ def train(args: argparse.Namespace, out: str, mode: str, model: torch.nn.Module,
                     for param in params:
                         param -= 0.01 * param.grad
                         param.grad = None
+                if rank == args.delay_rank:  # after DDP's synchronised backward: a slow data loader, say
+                    time.sleep(args.delay)
                 metrics = {
                     "loss": loss.detach(),  # a CPU tensor, as a training loop hands it
                     "num_tokens": 100 * (rank + 1) + step,
