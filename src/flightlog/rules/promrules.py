@@ -64,7 +64,8 @@ def build_rules(config: RulesConfig | None = None, *, stall_seconds: float = 600
     # Every live rule (plateau, oscillation, adapter, cyclic lr ...) through the exporter's alert counter.
     rules.append({
         "alert": names.alert_name("rule_alert"),
-        "expr": f"increase({names.ALERTS_TOTAL}{sel}[5m]) > 0",
+        # increase() misses a counter series that appears already at 1 (a first alert), hence the "unless".
+        "expr": f"(increase({names.ALERTS_TOTAL}{sel}[5m]) > 0) or ({names.ALERTS_TOTAL}{sel} unless ({names.ALERTS_TOTAL}{sel} offset 5m))",
         "for": "0s",
         "labels": {"source": "flightlog"},
         "annotations": {"summary": "run {{ $labels.run }}: flightlog rule {{ $labels.rule }} raised a {{ $labels.severity }} alert",
