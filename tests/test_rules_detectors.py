@@ -242,3 +242,11 @@ class TestEngine:
                             "gpu_memory_total_mb": 24576.0, "step_time_s": 1.8 * rng.lognormvariate(0, 0.05),
                             "grad_norm_adapter": 0.5, "grad_norm_backbone": 0.0})
         assert [f for f in engine_findings(records) if f.severity != "info"] == []
+
+    def test_large_scale_loss_is_judged_on_its_scale(self) -> None:
+        """A regression loss around 1000 (noise sigma 5) is silent from its first record on, while a
+        real jump at that scale (1000 -> 1600) is still a spike."""
+        records = noisy(300, level=1000.0, sigma=5.0, slope=-0.2, seed=8)
+        assert [f for f in engine_findings(records) if f.severity != "info"] == []
+        records[200]["loss"] += 600.0
+        assert [(f.rule, f.step) for f in engine_findings(records) if f.severity != "info"] == [("loss_spike", 201)]

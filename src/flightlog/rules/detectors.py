@@ -158,7 +158,9 @@ class LossSpikeConfig(DetectorConfig):
     jump: float = 1.0
     """Seeds: a single-step jump > 1.0 ..."""
     jump_sigmas: float = 5.0
-    """... that is also this many robust standard deviations of the step-to-step changes (noise-aware)."""
+    """... that is also this many robust standard deviations of the step-to-step changes (noise-aware) ..."""
+    jump_relative: float = 0.2
+    """... and this fraction of the loss level (the seeds' 1.0 is for LM losses of 1-5; a loss of 1000 jumps by more)."""
 
 
 class LossSpike(Detector):
@@ -217,7 +219,7 @@ class LossSpike(Detector):
         if self._last is not None:
             jump = x - self._last
             if jump > c.jump:
-                limit = c.jump
+                limit = max(c.jump, c.jump_relative * abs(self._last))
                 if len(self._diffs) >= 5:
                     limit = max(limit, c.jump_sigmas * _robust_std(self._diffs))
                 if jump > limit:
@@ -273,6 +275,8 @@ class OscillationConfig(DetectorConfig):
     """Noise-aware: a move must also exceed this many robust standard deviations of the
     step-to-step changes seen before the window (a noisy run is not an oscillating one)."""
     history: int = 200
+    relative_amplitude: float = 0.1
+    """Moves must also be this fraction of the loss level (matters before the noise is known, for large losses)."""
 
 
 def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
@@ -336,7 +340,8 @@ class Oscillation(Detector):
         if self._count % 10 == 0 and len(self._diffs) >= c.window + 20:
             before = list(self._diffs)[: len(self._diffs) - c.window]
             self._noise = c.noise_sigmas * _robust_std(before)
-        amplitude = max(c.amplitude, self._noise)
+        level = abs(median(self._values))
+        amplitude = max(c.amplitude, self._noise, c.relative_amplitude * level)
         if max(self._values) - min(self._values) < amplitude:
             return []  # no move can be that large: skip the zigzag walk
         swings, biggest = zigzag_swings(self._values, amplitude)
