@@ -79,7 +79,7 @@ class Run:
         self.output_dir = Path(config.output_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-        previous = read_run_file(self.log_dir)
+        previous = self._read_previous()
         if previous and config.run_id and previous.get("run_id") != config.run_id:
             raise ConfigError(
                 f"flightlog config: log_dir {str(self.log_dir)!r} already holds run {previous.get('run_id')!r}; "
@@ -123,6 +123,14 @@ class Run:
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
         )
+        # --- diagnosis rules (writer-thread processor + stall timer); see flightlog.rules.actions
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.rules = None
+        if config.rules is not False:
+            from flightlog.rules import attach
+
+            self.rules = attach(self)
 
         from flightlog import context
 
@@ -155,7 +163,7 @@ class Run:
         }
         if self._redactor is not None:
             meta = self._redactor.redact_nested(meta)
-        self.run_file = RunFile(self.log_dir, meta)
+        self.run_file = self._open_run_file(meta)
         self.run_file.update(fsync=True)
         self._update_index({})
 
@@ -183,6 +191,14 @@ class Run:
         if config.install_signal_handlers:
             self._install_signal_handlers()
         atexit.register(self._at_exit)
+
+    def _read_previous(self) -> dict[str, Any] | None:
+        """The run.json already in the log directory (a distributed follower gets rank 0's instead)."""
+        return read_run_file(self.log_dir)
+
+    def _open_run_file(self, meta: dict[str, Any]) -> RunFile:
+        """The writer of run.json (a distributed follower gets one that writes nothing)."""
+        return RunFile(self.log_dir, meta)
 
     # ------------------------------------------------------------------ hot path
     def log(self, metrics: Mapping[str, Any], step: int | None = None, epoch: float | None = None) -> None:
@@ -341,6 +357,8 @@ class Run:
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
         self._maxsize = -1  # every later record takes the slow path, which refuses it
         closed = self.writer.close(timeout)
+        if self.rules is not None:
+            self.rules.close()
         end = format_timestamp(_time())
         self.run_file.update(
             fsync=True,
@@ -483,7 +501,13 @@ def init(
         global _previous_excepthook
         _previous_excepthook = sys.excepthook
         sys.excepthook = _excepthook
-    run = Run(config, processors=processors, on_log=on_log)
+    run = None
+    if "torch.distributed" in sys.modules:  # never import torch here: only a loaded one can have a group
+        from flightlog.dist import start_run
+
+        run = start_run(config, processors=processors, on_log=on_log)
+    if run is None:
+        run = Run(config, processors=processors, on_log=on_log)
     _current = run
     return run
 

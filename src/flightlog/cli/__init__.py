@@ -15,6 +15,8 @@ from typing import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flightlog.cli.demo", "run a real tiny training on the CPU, recorded by flightlog"),
+    "doctor": ("flightlog.cli.doctor", "replay the diagnosis rules over a run and explain what happened"),
+    "alerts": ("flightlog.cli.alerts", "alerting helpers: prometheus-rules writes Prometheus alerting rules"),
     "index": ("flightlog.cli.index", "add the runs found under folders to the run index"),
     "ls": ("flightlog.cli.ls", "list indexed runs, filtered (--where) and sorted"),
     "show": ("flightlog.cli.show", "show one run: status, hyper-parameters, best metrics, paths"),
