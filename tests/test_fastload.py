@@ -45,8 +45,13 @@ def same(path, types=("metrics",), fast=True, **kw):
         before = fastload.fallbacks
         got = fastload.load_polars(path, types=types, **kw)
         assert fastload.fallbacks == before or not fast
-        keep = [c for c in expected.columns if expected.get_column(c).null_count() < expected.height]
-        assert_frame_equal(got.select(sorted(keep)), expected.select(sorted(keep)), check_dtypes=False)
+        assert sorted(got["type"].unique()) == sorted(expected["type"].unique()) and got.height == expected.height
+        for kind in expected["type"].unique():  # per type: the reader orders ties across types by type, fastload by file
+            want = expected.filter(pl.col("type") == kind)
+            have = got.filter(pl.col("type") == kind)
+            keep = sorted(c for c in want.columns if want.get_column(c).null_count() < want.height)
+            order = [c for c in ("step", "timestamp", "rule", "message") if c in keep]  # the reader orders by time
+            assert_frame_equal(have.select(keep).sort(order, maintain_order=True), want.select(keep).sort(order, maintain_order=True), check_dtypes=False)
     return got
 
 
@@ -62,7 +67,8 @@ def test_real_run_all_types(tmp_path):
     assert frame.height == 300 and math.isnan(frame.filter(pl.col("step") == 150)["grad_norm"][0])
     same(run.log_dir, types=sorted(RECORD_TYPES))
     alerts = same(run.log_dir, types=("alert", "event"))
-    assert alerts["type"].to_list() == ["event", "alert"] and alerts["value"].to_list()[1] == math.inf
+    mine = alerts.filter(pl.col("rule") == "loss_spike")  # the diagnosis rules add their own alert on the NaN
+    assert "event" in alerts["type"].to_list() and mine["value"].to_list() == [math.inf]
 
 
 def test_superseded_records_hidden(tmp_path):

@@ -159,7 +159,7 @@ class TestExport:
         assert len(frame) == 44 and frame["step"].max() == 40 and math.isnan(frame.loc[frame["step"] == 7, "grad_norm"].iloc[0])
         code, _, _ = call(capsys, "export", "lora-r8", "-o", str(tmp_path / "all.parquet"), "--type", "all")
         table = pl.read_parquet(tmp_path / "all.parquet")
-        assert set(table["type"]) == {"run_start", "metrics", "event", "run_end"}
+        assert set(table["type"]) >= {"run_start", "metrics", "event", "run_end"}  # and the rules' alert on the NaN
         code, out, _ = call(capsys, "export", "lora-r8", "--format", "jsonl", "--type", "event")
         assert [decode(line)["message"] for line in out.splitlines()] == ["saving checkpoint"]
         code, out, _ = call(capsys, "export", "lora-r8", "--format", "csv", "--type", "run_start")
