@@ -188,6 +188,19 @@ class TestTail:
         code, _, err = call(capsys, "tail", "lora-r8", "--grep", "(")
         assert code == 2 and "bad --grep" in err
 
+    def test_last_lines_reads_backwards_across_chunks(self, tmp_path):
+        """The last N matching lines are found from the end, across chunk borders, sparse or not."""
+        from flightlog.store.follow import last_lines
+
+        path = tmp_path / "s.jsonl"
+        path.write_bytes(b"".join(b'{"i":%d,"even":%s}\n' % (i, b"true" if i % 2 == 0 else b"false") for i in range(5000)) + b'{"i":50')
+        lines, offset, _ = last_lines(path, 3, lambda line: True, chunk=64)
+        assert [orjson.loads(x)["i"] for x in lines] == [4997, 4998, 4999]
+        assert offset == path.stat().st_size - len(b'{"i":50')  # follow from after the last complete line
+        rare = last_lines(path, 2, lambda line: line.startswith(b'{"i":1,') or line.startswith(b'{"i":4000,'), chunk=64)[0]
+        assert [orjson.loads(x)["i"] for x in rare] == [1, 4000]
+        assert last_lines(path, 0, lambda line: True)[0] == []
+
     @pytest.mark.slow
     def test_follow_live_run_until_it_ends(self, tmp_path):
         """tail -f prints records as a live run writes them and returns at its run_end."""

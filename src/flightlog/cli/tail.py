@@ -78,7 +78,7 @@ def render(record: dict[str, Any], fields: list[str]) -> str:
 def _main(args: argparse.Namespace) -> int:
     from flightlog.protocol import RECORD_TYPES, decode
     from flightlog.runfile import effective_status, read_run_file
-    from flightlog.store.follow import follow, read_complete
+    from flightlog.store.follow import follow, last_lines
 
     if args.lines < 0:
         raise CommandError("-n must be >= 0", 2)
@@ -114,34 +114,33 @@ def _main(args: argparse.Namespace) -> int:
         if keep(line, record):
             show(line, record)
 
-    if not stream.exists():
-        if any(log_dir.glob("train.*.jsonl.gz")):
-            if args.follow:
-                raise CommandError(f"run {run['run_id']} writes gzip segments; tail -f follows train.jsonl only (drop -f)")
-            import orjson
-
-            from flightlog.protocol import make_finite
-            from flightlog.store.reader import read_records
-
-            lines = [orjson.dumps(make_finite(r)) for r in read_records(log_dir, include_superseded=True)]
-        else:
-            raise CommandError(f"run {run['run_id']} has no stream at {stream}")
-        offset = 0
-    else:
-        lines, offset = read_complete(stream)
-    kept = []
-    for line in lines:
+    def accepted(line: bytes) -> bool:
         try:
-            record = decode(line) if line.strip() else None
+            record = decode(line)
         except ValueError:
-            record = None
-        if record is None:
-            continue
-        note(record)
-        if keep(line, record):
-            kept.append((line, record))
-    for line, record in kept[len(kept) - args.lines :] if args.lines else []:
-        show(line, record)
+            return False
+        return keep(line, record)
+
+    if stream.exists():
+        shown, offset, seen = last_lines(stream, args.lines, accepted)
+        for line in seen:  # the latest run_start / run_end decides whether the run has ended
+            if b'"type":"run_end"' in line or b'"type":"run_start"' in line:
+                note(decode(line))
+    elif any(log_dir.glob("train.*.jsonl.gz")):
+        if args.follow:
+            raise CommandError(f"run {run['run_id']} writes gzip segments; tail -f follows train.jsonl only (drop -f)")
+        import orjson
+
+        from flightlog.protocol import make_finite
+        from flightlog.store.reader import read_records
+
+        lines = [orjson.dumps(make_finite(r)) for r in read_records(log_dir, include_superseded=True)]
+        kept = [line for line in lines if accepted(line)]
+        shown, offset = (kept[len(kept) - args.lines :] if args.lines else []), 0
+    else:
+        raise CommandError(f"run {run['run_id']} has no stream at {stream}")
+    for line in shown:
+        show(line, decode(line))
     out.flush()
     if not args.follow:
         return 0

@@ -50,3 +50,28 @@ def follow(
             if stop is not None and stop():
                 return
             time.sleep(poll)
+
+
+def last_lines(path: Path, wanted: int, keep: Callable[[bytes], bool], chunk: int = 1 << 18) -> tuple[list[bytes], int, list[bytes]]:
+    """The last ``wanted`` complete lines that ``keep`` accepts, reading backwards from the end.
+
+    Returns those lines, the offset just after the last complete line (to follow from),
+    and every complete line read (the caller looks for the run's latest run_start/run_end
+    there: the one that matters is always near the end). A stream of a million lines
+    costs only the chunks it takes to find ``wanted`` matches.
+    """
+    size = path.stat().st_size
+    while True:
+        start = max(0, size - chunk)
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(size - start)
+        end = data.rfind(b"\n") + 1
+        body = data[:end]
+        if start > 0:
+            body = body[body.find(b"\n") + 1 :]  # the first line was cut by the chunk border
+        lines = [line for line in body.split(b"\n") if line.strip()]
+        kept = [line for line in lines if keep(line)]
+        if len(kept) >= wanted or start == 0:
+            return (kept[len(kept) - wanted :] if wanted else []), start + end, lines
+        chunk *= 4
