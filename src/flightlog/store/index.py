@@ -127,30 +127,20 @@ def _text(value: Any) -> str | None:
 
 
 def _value(num: Any, text: Any) -> Any:
-    """A stored (num, text) pair back to one Python value."""
-    if num is not None:
-        if text is not None and text not in ("true", "false"):
-            try:
-                return int(text)
-            except ValueError:
-                pass
-            if text.startswith(("[", "{")):
-                return orjson.loads(text)
-            try:
-                float(text)
-            except ValueError:
-                return text
-        if text == "true":
-            return True
-        if text == "false":
-            return False
-        return num
+    """A stored (num, text) pair back to one Python value (the pair ``_text``/``as_number`` made)."""
+    if text == "true" or text == "false":
+        return text == "true"
     if text is not None and text[:1] in ("[", "{"):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
             return text
-    return text
+    if num is None:
+        return text
+    try:
+        return int(text)  # ints stay ints ("32"), floats come back as floats
+    except (TypeError, ValueError):
+        return num
 
 
 class RunIndex:
