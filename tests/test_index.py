@@ -13,6 +13,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flightlog
 from flightlog.protocol import format_timestamp
@@ -89,6 +91,16 @@ class TestWhere:
         assert tree.items[1].items[1].item.items[1].value == "x y"
 
 
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.sampled_from(list("abn_ =!<>~()'\"\\.*-0123456789") + [" and ", " or ", "not ", "task", "lora_rank"]), max_size=25).map("".join))
+    def test_any_text_parses_or_fails_cleanly(self, text):
+        """Whatever is typed, the parser returns a tree or raises WhereError, nothing else."""
+        try:
+            parse(text)
+        except WhereError as exc:
+            assert 0 <= exc.pos <= len(text)
+
+
 class TestQuery:
     def test_filters_over_fields_params_and_metrics(self, runs):
         """--where combines run fields, hyper-parameters (nested too) and best/final metrics."""
@@ -103,6 +115,28 @@ class TestQuery:
             assert names("not lora_rank=32 and status=finished and duration<1h and steps=30", sort="name") == ["lora-r64", "lora-r8"]
             assert names("model!~qwen") == []
             assert names(None, sort="-lora_alpha", limit=2) == ["lora-r64", "lora-r32"]
+
+    def test_random_expressions_query_or_fail_cleanly(self, runs):
+        """Random expressions over real fields either run as SQL or raise WhereError, never a SQLite error."""
+        import random
+
+        rng = random.Random(7)
+        fields = ["task", "lora_rank", "best.loss", "final.learning_rate", "eval_accuracy", "status", "duration", "optim.name", "name", "x"]
+        values = ["sft", "32", "'a b'", "0.5", "2h", "*r3*", "\"x'y\"", "-1", "1e-5", "finished"]
+        ops = ["=", "!=", "<", "<=", ">", ">=", "~", "!~"]
+        with RunIndex() as index:
+            for _ in range(300):
+                parts = []
+                for i in range(rng.randint(1, 4)):
+                    if i:
+                        parts.append(rng.choice(["and", "or", "and not"]))
+                    atom = f"{rng.choice(fields)}{rng.choice(ops)}{rng.choice(values)}"
+                    parts.append(f"({atom})" if rng.random() < 0.3 else atom)
+                text = " ".join(parts)
+                try:
+                    index.query(text, sort=rng.choice([None, "-lora_rank", "eval_accuracy:desc", "name"]))
+                except WhereError:
+                    pass
 
     def test_values_are_parameters_not_sql(self, runs):
         """A value that looks like SQL is compared as text; the tables survive."""
