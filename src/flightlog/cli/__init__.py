@@ -15,6 +15,7 @@ from typing import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flightlog.cli.demo", "run a real tiny training on the CPU, recorded by flightlog"),
+    "watch": ("flightlog.cli.watch", "record a run that knows nothing of flightlog: follow OUTPUT_DIR, or run -- COMMAND"),
 }
 
 
