@@ -67,7 +67,8 @@ def watch_dir(
     stop: threading.Event | None = None,
     say: Callable[[str], None] = print,
 ) -> WatchResult:
-    """Follow ``output_dir`` live into a flightlog run in ``log_dir`` (default OUTPUT_DIR/logs)."""
+    """Follow ``output_dir`` live into a flightlog run in ``log_dir`` (default OUTPUT_DIR/logs;
+    for ms-swift the ``logs`` folder inside the followed ``v{N}-{timestamp}`` folder)."""
     root = Path(output_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"flightlog watch: {str(root)!r} is not a directory")
@@ -91,6 +92,8 @@ def watch_dir(
         source = choose(root, fmt, [target])
     say(f"flightlog watch: following {source.format} {source.path}")
 
+    if not log_dir and source.format == "ms-swift":
+        target = source.path.parent / "logs"  # each v{N}-{timestamp} folder is a run of its own
     importer = source.open(patterns=patterns) if source.format == "text" else source.open()
     feeder = RunFeeder(output_dir=root, log_dir=target, sinks=sinks if sinks is not None else ["jsonl", "console"], processors=processors, run_name=run_name)
     status, why = "interrupted", {}

@@ -108,16 +108,17 @@ class SwiftMapper:
         imp = self.importer
         if RUN_INFO_KEYS & obj.keys():
             return self._run_info(obj, where)
+        kind = "summary" if SUMMARY_KEYS & obj.keys() else "eval" if any(str(k).startswith("eval_") for k in obj) else "train"
         step = self._step(obj, where)
         if step is None:
             if "global_step/max_steps" in obj or "global_step" in obj:
                 imp.skip("unreadable step", where, f"global_step/max_steps={obj.get('global_step/max_steps', obj.get('global_step'))!r:.40}")
                 return []
-            if self.last_step < 0:
+            if self.last_step < 0 or kind == "train":
+                # Only eval and summary lines may borrow the step of the line before them.
                 imp.skip("missing step", where)
                 return []
             step = self.last_step
-        kind = "summary" if SUMMARY_KEYS & obj.keys() else "eval" if any(k.startswith("eval_") for k in obj) else "train"
         fields: dict[str, Any] = {}
         for key, value in obj.items():
             if key in _NOT_METRICS:

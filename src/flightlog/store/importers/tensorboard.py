@@ -18,25 +18,32 @@ from typing import Any
 import orjson
 
 from flightlog.store.importers.base import Importer, Record, metrics_record
-from flightlog.store.importers.names import swift_field
+from flightlog.store.importers.names import snake, swift_field
 
 EVENT_FILE = re.compile(r"events\.out\.tfevents\.")
 _SUMMARY_TAGS = frozenset({"train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second"})
 
 
-def tag_name(tag: str) -> str:
-    """The protocol field name for a TensorBoard scalar tag."""
+def tag_fields(tag: str, value: float) -> list[tuple[str, float]]:
+    """Protocol (name, value) pairs for one scalar: ``train/loss`` -> loss, ``eval/loss`` ->
+    eval_loss, ``train/memory(GiB)`` -> gpu_memory_mb in MiB (the ms-swift unit mapping)."""
     head, _, rest = tag.partition("/")
     if not rest:
         head, rest = "", tag
-    if head in ("eval", "test", "val", "validation"):
-        prefix = "eval_" if head in ("eval", "val", "validation") else "test_"
-        mapped = swift_field(rest, 0.0)
-        return prefix + (mapped[0][0] if mapped else rest)
-    if head and head != "train":
+    prefix = ""
+    if head in ("eval", "val", "validation"):
+        prefix = "eval_"
+    elif head == "test":
+        prefix = "test_"
+    elif head and head != "train":
         rest = f"{head}/{rest}"
-    mapped = swift_field(rest, 1.0)
-    return mapped[0][0] if mapped else rest
+    mapped = swift_field(rest, value) or [(snake(rest), value)]
+    return [(prefix + name if prefix and not name.startswith(prefix) else name, v) for name, v in mapped]
+
+
+def tag_name(tag: str) -> str:
+    """The protocol field name for a TensorBoard scalar tag."""
+    return tag_fields(tag, 1.0)[0][0]
 
 
 def event_files(directory: Path) -> list[Path]:
@@ -135,13 +142,13 @@ class TensorBoardImporter(Importer):
                 if plugin in ("", "scalars"):
                     self.drop_value(value.tag, "non-scalar", f"{where} step {step}")
                 continue
-            name = tag_name(value.tag)
-            if name == "epoch":
-                self._epoch[step] = scalar
-                continue
-            kind = "eval" if name.startswith(("eval_", "test_")) else "train"
-            self._pending.setdefault((step, kind), {})[name] = scalar
-            self._pending_time[(step, kind)] = float(event.wall_time)
+            for name, number in tag_fields(value.tag, scalar):
+                if name == "epoch":
+                    self._epoch[step] = number
+                    continue
+                kind = "eval" if name.startswith(("eval_", "test_")) else "train"
+                self._pending.setdefault((step, kind), {})[name] = number
+                self._pending_time[(step, kind)] = float(event.wall_time)
         return out
 
     def _scalar(self, value: Any) -> float | None:

@@ -170,7 +170,7 @@ class ConsoleParser:
                 "message": match.group("message"),
             }]
         match = STEP_LINE.match(segment)
-        if match and match.group("rest"):
+        if match and match.group("rest") and not match.group("rest").lstrip().startswith("{"):
             return self._step_line(match, where)
         match = DICT_LINE.match(segment.strip())
         if match:
