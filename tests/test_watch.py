@@ -178,3 +178,45 @@ def test_watch_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli(["watch", "--no-rules", "--pattern", "(?P<step", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "give either OUTPUT_DIR" in err and "must look like package.module:factory" in err and "not a valid regular expression" in err
+
+
+@pytest.mark.slow
+def test_watch_dir_follows_live_hf_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A live HF Trainer run watched through the TensorBoard files it writes: every logged step, the spike alerted, exit at the end."""
+    out = tmp_path / "hf"
+    out.mkdir()
+    trainer = subprocess.Popen(
+        [sys.executable, str(FIXTURES / "hf_train.py"), "--output_dir", str(out), "--max_steps", "12", "--spike_step", "8", "--tensorboard", "--step_sleep", "0.05"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    try:
+        code = cli(["watch", str(out), "--no-rules", "--processor", "spike_rule:make", "--poll", "0.1", "--pid", str(trainer.pid), "--log-dir", str(tmp_path / "log")])
+    finally:
+        trainer.wait(60)
+    assert code == 0 and trainer.returncode == 0
+    truth = json.loads((out / "truth.json").read_text())
+    records = read_stream(tmp_path / "log")
+    assert records[0]["config"]["imported_from"]["source_format"] == "tensorboard"
+    losses = [(r["step"], r["loss"]) for r in records if r["type"] == "metrics" and "loss" in r]
+    assert losses == [(h["step"], pytest.approx(h["loss"], rel=1e-6)) for h in truth["log_history"] if "loss" in h]
+    alerts = [r for r in records if r["type"] == "alert"]
+    assert [a["step"] for a in alerts] == [8]
+    assert 0 <= parse_timestamp(alerts[0]["timestamp"]) - truth["spike_time"] < 5
+    assert parse_timestamp(alerts[0]["timestamp"]) < truth["end"], "the alert must come while the trainer still runs"
+    assert records[-1]["type"] == "run_end" and records[-1]["status"] == "finished"
+
+
+def test_watch_dir_pid_gone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --pid, a trainer that exits without an end-of-training record ends the watch as failed."""
+    source = tmp_path / "logging.jsonl"
+    source.write_text("")
+    writer = subprocess.Popen([sys.executable, "-c", APPENDER.replace("fh.write(json.dumps({\"train_runtime\"", "0 and fh.write(json.dumps({\"train_runtime\""), str(source), "5", "0"], stdout=subprocess.DEVNULL)
+    try:
+        code = cli(["watch", str(tmp_path), "--no-rules", "--poll", "0.05", "--pid", str(writer.pid)])
+    finally:
+        writer.wait(10)
+    assert code == 1
+    records = read_stream(tmp_path / "logs")
+    assert [r["step"] for r in records if r["type"] == "metrics"] == [1, 2, 3, 4, 5]
+    assert records[-1]["status"] == "failed" and f"process {writer.pid} exited" in records[-1]["summary"]["reason"]
