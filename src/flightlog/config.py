@@ -9,7 +9,6 @@ value came from and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +172,8 @@ def validate(config: Config, sources: Mapping[str, str]) -> None:
 
 
 def _unknown_key(key: str, source: str) -> ConfigError:
+    import difflib
+
     close = difflib.get_close_matches(key, FIELDS, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return ConfigError(

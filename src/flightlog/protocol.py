@@ -107,13 +107,16 @@ def make_finite(value: Any) -> Any:
     return value
 
 
+ENCODE_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+
+
 def encode(record: dict[str, Any]) -> bytes:
     """One strict-JSON line (with the newline) for a record whose values are JSON-ready.
 
     The caller guarantees non-finite floats were already turned into strings
     (the writer's resolve step does this in the same pass that resolves tensors).
     """
-    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(record, option=ENCODE_OPTIONS)
 
 
 def dumps(obj: Any) -> bytes:

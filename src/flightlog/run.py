@@ -45,7 +45,7 @@ from flightlog.protocol import (
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
 from flightlog.sinks import build_sink
-from flightlog.values import PLAIN_TYPES, snapshot
+from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot
 
 OnLogHook = Callable[[dict[str, Any], int], Any]
 
@@ -105,22 +105,20 @@ class Run:
 
         # --- pipeline
         self.summary = SummaryTracker()
-        chain: list[Processor] = list(processors)
         self._redactor = Redactor(config.redact_drop, config.redact_hash) if (
             config.redact or config.redact_drop or config.redact_hash
         ) else None
-        if self._redactor is not None:
-            chain.append(self._redactor)
-        chain.append(self.summary)
-        self._user_processors = len(chain) - 1 - (self._redactor is not None)
         self.queue = RecordQueue(config.queue_size, config.on_full)
-        self._put = self.queue.put
+        self._items = self.queue._items
+        self._maxsize = config.queue_size
         self.sinks = [build_sink(s, config, self.log_dir) if isinstance(s, str) else s for s in config.sinks]
         self.writer = Writer(
             self.queue,
             self.sinks,
             run_id=self.run_id,
-            processors=chain,
+            processors=processors,
+            redactor=self._redactor,
+            summary=self.summary,
             flush_interval=config.flush_interval,
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
@@ -203,13 +201,27 @@ class Run:
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"flightlog: log() takes a dict of metrics, got {type(metrics).__name__}")
         data = dict(metrics)
-        for value in data.values():
-            if type(value) not in PLAIN_TYPES:
-                data = snapshot(data)
-                break
+        if not _PLAIN.issuperset(map(type, data.values())):
+            data = snapshot(data)
         if self._hooks:
             self._run_hooks(data, step)
-        self._put((METRICS, _time(), step, epoch, data))
+        items = self._items
+        if len(items) >= self._maxsize and not self._make_room():
+            return
+        items.append((METRICS, _time(), step, epoch, data))
+
+    def _make_room(self) -> bool:
+        """The queue is full, or the run is finished (maxsize -1): apply the policy."""
+        if self._finished:
+            self._after_finish(None)
+            return False
+        self.queue.make_room()
+        return True
+
+    def _put(self, item: Any) -> None:
+        if len(self._items) >= self._maxsize and not self._make_room():
+            return
+        self._items.append(item)
 
     @staticmethod
     def _coerce_step(step: Any) -> int:
@@ -293,8 +305,11 @@ class Run:
 
     def add_processor(self, processor: Processor) -> None:
         """Add a writer-thread processor; it runs after the ones given to ``init``, before redaction."""
-        self.writer.processors.insert(self._user_processors, processor)
-        self._user_processors += 1
+        self.writer.processors = [*self.writer.processors, processor]
+
+    def add_observer(self, observer: Processor) -> None:
+        """Add a writer-thread stage that sees records after redaction (diagnosis rules, exporters)."""
+        self.writer.observers = [*self.writer.observers, observer]
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self, timeout: float | None = 10.0) -> bool:
@@ -323,7 +338,7 @@ class Run:
         if summary:
             final.update(summary)
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
-        self._put = self._after_finish
+        self._maxsize = -1  # every later record takes the slow path, which refuses it
         closed = self.writer.close(timeout)
         end = format_timestamp(_time())
         self.run_file.update(
