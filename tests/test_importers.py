@@ -23,7 +23,7 @@ from flightlog.store.importers.hf import TrainerStateImporter
 from flightlog.store.importers.swift import SwiftImporter
 from flightlog.store.importers.tensorboard import TensorBoardImporter, tag_name
 from flightlog.store.importers.text import ConsoleParser, TextImporter
-from test_watch import hf_run  # noqa: F401  (a real HF Trainer run, shared)
+from tests.test_watch import hf_run  # noqa: F401  (a real HF Trainer run, shared)
 
 NEW = [  # ms-swift since 2026: train_speed(s/it)
     {"loss": 2.1423, "grad_norm": 1.234, "learning_rate": 9.98e-05, "memory(GiB)": 14.2, "train_speed(s/it)": 1.82,

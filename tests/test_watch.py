@@ -103,7 +103,7 @@ def test_watch_command_failure_and_passthrough(tmp_path: Path, capfd: pytest.Cap
     records = read_stream(log_dir)
     assert [r["step"] for r in records if r["type"] == "metrics"] == [1, 2]
     assert records[-1]["status"] == "failed" and records[-1]["summary"]["exit_code"] == 3
-    assert cli(["watch", "--no-rules", "--log-dir", str(log_dir), "--", str(tmp_path / "no-such-program")]) == 127
+    assert cli(["watch", "--no-rules", "--log-dir", str(log_dir), "--", str(tmp_path / "no-such-program"), "--lr", "1"]) == 127
 
 
 APPENDER = """
@@ -173,11 +173,11 @@ def test_watch_dir_ends_on_idle_and_rewatch_supersedes(tmp_path: Path, capsys: p
 def test_watch_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Clear errors: nothing to watch, a missing folder, a bad processor spec, a bad template."""
     assert cli(["watch"]) == 2
-    assert cli(["watch", str(tmp_path / "missing"), "--no-rules"]) in (2, 127)
+    assert cli(["watch", str(tmp_path / "missing"), "--no-rules"]) == 2
     assert cli(["watch", str(tmp_path), "--no-rules", "--processor", "nocolon"]) == 2
     assert cli(["watch", "--no-rules", "--pattern", "(?P<step", "--", "true"]) == 2
     err = capsys.readouterr().err
-    assert "give either OUTPUT_DIR" in err and "must look like package.module:factory" in err and "not a valid regular expression" in err
+    assert "give either OUTPUT_DIR" in err and "is neither a directory nor a program" in err and "must look like package.module:factory" in err and "not a valid regular expression" in err
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ checked by the diagnosis rules as it trains."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,38 +23,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pid", type=int, help="stop when this process (the trainer) exits")
     parser.add_argument("--poll", type=float, default=0.5, metavar="SECONDS", help="how often to look for new data (default: %(default)s)")
     parser.add_argument("--pattern", action="append", default=[], metavar="REGEX", help="a text template: a regex with named groups (step, loss, ...); repeatable")
-    parser.add_argument("--rules", metavar="FILE", help="rules config for the diagnosis rules")
+    parser.add_argument("--rules", metavar="FILE", help="rules YAML for the diagnosis rules (docs/rules.md)")
     parser.add_argument("--no-rules", action="store_true", help="do not run the diagnosis rules")
+    parser.add_argument("--notify", action="append", default=[], metavar="URL", help="send alerts here (Slack, DingTalk, Feishu, Alertmanager, webhook); repeatable")
     parser.add_argument("--processor", action="append", default=[], metavar="MODULE:FACTORY", help="add a processor: factory(run) -> processor; repeatable")
 
 
 def _split(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """One existing directory is OUTPUT_DIR; anything else is the command (it came after --)."""
+    """One word that is a directory is OUTPUT_DIR; more words, or a program, are the command."""
     words = [w for w in args.target if w != "--"] if args.target[:1] == ["--"] else list(args.target)
+    if len(words) == 1 and not Path(words[0]).is_dir() and not (shutil.which(words[0]) or Path(words[0]).is_file()):
+        raise ValueError(f"flightlog watch: {words[0]!r} is neither a directory nor a program")
     if len(words) == 1 and Path(words[0]).is_dir():
         return words[0], []
     return None, words
 
 
 def main(args: argparse.Namespace) -> int:
-    target, command = _split(args)
-    if bool(target) == bool(command):
-        print("flightlog watch: give either OUTPUT_DIR or '-- COMMAND ARGS...'", file=sys.stderr)
-        return 2
-    from flightlog.watch.rules import processor_factories
-
     try:
-        factories, with_rules = processor_factories(rules=not args.no_rules, rules_spec=args.rules, extra=args.processor)
+        target, command = _split(args)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if not with_rules and not args.no_rules:
+    if bool(target) == bool(command):
+        print("flightlog watch: give either OUTPUT_DIR or '-- COMMAND ARGS...'", file=sys.stderr)
+        return 2
+    from flightlog.watch.rules import import_factory, rules_available, rules_options
+
+    try:
+        factories = [import_factory(spec) for spec in args.processor]
+        options = rules_options(enabled=not args.no_rules, spec=args.rules, notify=args.notify)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if not args.no_rules and not rules_available():
         print("flightlog watch: diagnosis rules not available in this installation; recording without them", file=sys.stderr)
     try:
         if command:
             from flightlog.watch.command import watch_command
 
-            return watch_command(command, log_dir=args.log_dir, run_name=args.name, patterns=args.pattern, processors=factories)
+            return watch_command(command, log_dir=args.log_dir, run_name=args.name, patterns=args.pattern, processors=factories, options=options)
         from flightlog.watch.directory import watch_dir
 
         result = watch_dir(
@@ -66,6 +75,7 @@ def main(args: argparse.Namespace) -> int:
             patterns=args.pattern,
             processors=factories,
             run_name=args.name,
+            options=options,
         )
     except (ValueError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)

@@ -138,6 +138,7 @@ def watch_command(
     run_name: str | None = None,
     patterns: Iterable[str] = (),
     processors: Iterable[ProcessorFactory] = (),
+    options: dict[str, Any] | None = None,
     sinks: list[Any] | None = None,
     pair_timeout: float = 1.5,
 ) -> int:
@@ -156,6 +157,7 @@ def watch_command(
         log_dir=target,
         sinks=sinks if sinks is not None else ["jsonl", alert_console()],
         processors=processors,
+        options=options,
         run_name=name,
         config={"command": list(argv)},
     )

@@ -62,6 +62,7 @@ def watch_dir(
     poll_interval: float = 0.5,
     patterns: Iterable[str] = (),
     processors: Iterable[ProcessorFactory] = (),
+    options: dict[str, Any] | None = None,
     sinks: list[Any] | None = None,
     run_name: str | None = None,
     stop: threading.Event | None = None,
@@ -95,7 +96,7 @@ def watch_dir(
     if not log_dir and source.format == "ms-swift":
         target = source.path.parent / "logs"  # each v{N}-{timestamp} folder is a run of its own
     importer = source.open(patterns=patterns) if source.format == "text" else source.open()
-    feeder = RunFeeder(output_dir=root, log_dir=target, sinks=sinks if sinks is not None else ["jsonl", "console"], processors=processors, run_name=run_name)
+    feeder = RunFeeder(output_dir=root, log_dir=target, sinks=sinks if sinks is not None else ["jsonl", "console"], processors=processors, run_name=run_name, options=options)
     status, why = "interrupted", {}
     try:
         for record in importer.follow(poll_interval=poll_interval, stop=gone, idle_timeout=idle_timeout):

@@ -36,6 +36,7 @@ class RunFeeder:
         processors: Iterable[ProcessorFactory] = (),
         run_name: str | None = None,
         config: dict[str, Any] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.log_dir = Path(log_dir)
@@ -43,6 +44,7 @@ class RunFeeder:
         self.factories = list(processors)
         self.run_name = run_name
         self.config = dict(config or {})
+        self.options = dict(options or {})  # more init() settings (rules, notify)
         self.run: Run | None = None
         self.end: dict[str, Any] | None = None
         self.metrics = 0
@@ -65,7 +67,7 @@ class RunFeeder:
             config=config,
             resumed_from_step=resumed,
             install_signal_handlers=False,
-            **options,
+            **{**self.options, **options},
         )
         for factory in self.factories:
             self.run.add_processor(factory(self.run))

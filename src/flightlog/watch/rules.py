@@ -1,10 +1,12 @@
 """The seam between ``flightlog watch`` and the diagnosis rules.
 
-A watched run's records flow through the Run's processor chain like any other run's,
-so the rules engine is just one more processor. ``processor_factories`` builds the
-list the watcher adds: the rules engine when :mod:`flightlog.rules` is installed
-(unless disabled), then any user processors named ``module:factory`` (``factory(run)``
-returns a processor).
+A watched run's records flow through its Run's processor chain like any other run's,
+so the rules engine is just one more processor. When :mod:`flightlog.rules` is part
+of this installation, the Run attaches it itself from its ``rules`` and ``notify``
+settings (``flightlog.config``), so the watcher only passes those settings on; the
+defaults also come from YAML and ``FLIGHTLOG_RULES``/``FLIGHTLOG_NOTIFY`` as for
+any run. User processors (``--processor module:factory``, ``factory(run)`` returns a
+processor) are added after the Run exists.
 """
 
 from __future__ import annotations
@@ -17,19 +19,30 @@ from flightlog.run import Run
 ProcessorFactory = Callable[[Run], Any]
 
 
-def rules_factory(spec: str | None = None) -> ProcessorFactory | None:
-    """A factory for the rules engine, or None when :mod:`flightlog.rules` is not available."""
+def rules_available() -> bool:
+    """Whether Runs here attach the diagnosis rules (``flightlog.rules`` and the ``rules`` setting exist)."""
+    from flightlog.config import FIELDS
+
+    if "rules" not in FIELDS:
+        return False
     try:
-        from flightlog.rules.engine import RulesEngine  # type: ignore[import-not-found]
-        from flightlog.rules.config import load  # type: ignore[import-not-found]
+        importlib.import_module("flightlog.rules")
     except ImportError:
-        return None
-    config = load(spec) if spec else None
+        return False
+    return True
 
-    def make(run: Run) -> Any:
-        return RulesEngine(config, emit=run.writer.emit)
 
-    return make
+def rules_options(*, enabled: bool = True, spec: str | None = None, notify: Iterable[str] = ()) -> dict[str, Any]:
+    """``init`` options that switch the rules on (with ``spec``, a rules YAML) or off, and add notifiers."""
+    notify = list(notify)
+    if not rules_available():
+        if notify or spec:
+            raise ValueError("flightlog watch: --rules/--notify need the diagnosis rules (flightlog.rules), which this installation lacks")
+        return {}
+    options: dict[str, Any] = {"rules": (spec or True) if enabled else False}
+    if notify:
+        options["notify"] = notify
+    return options
 
 
 def import_factory(spec: str) -> ProcessorFactory:
@@ -45,13 +58,3 @@ def import_factory(spec: str) -> ProcessorFactory:
     if not callable(factory):
         raise ValueError(f"flightlog watch: --processor {spec!r}: {module_name} has no callable {attr!r}")
     return factory
-
-
-def processor_factories(*, rules: bool = True, rules_spec: str | None = None, extra: Iterable[str] = ()) -> tuple[list[ProcessorFactory], bool]:
-    """The factories to add, and whether the rules engine is among them."""
-    factories: list[ProcessorFactory] = []
-    engine = rules_factory(rules_spec) if rules else None
-    if engine is not None:
-        factories.append(engine)
-    factories.extend(import_factory(spec) for spec in extra)
-    return factories, engine is not None
