@@ -19,6 +19,7 @@ import pytest
 
 from flightlog.cli import main as cli
 from flightlog.protocol import parse_timestamp
+from flightlog.watch.rules import rules_available
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -35,7 +36,7 @@ def _hf_run(base: str) -> dict:
     try:
         started = time.time()
         code = cli([
-            "watch", "--no-rules", "--processor", "spike_rule:make", "--",
+            "watch", "--processor", "spike_rule:make", "--",
             sys.executable, str(FIXTURES / "hf_train.py"), "--output_dir", str(out),
             "--max_steps", "12", "--spike_step", "8", "--save_steps", "6", "--tensorboard",
         ])
@@ -79,9 +80,12 @@ def test_watch_command_is_live_and_alerts_on_spike(hf_run: dict) -> None:
     assert first_seen < truth["end"] - 0.05, "the first record was only recorded when training had ended"
     assert truth["start"] - 1 <= first_seen
     alerts = [r for r in hf_run["records"] if r["type"] == "alert"]
-    assert [(a["rule"], a["step"]) for a in alerts] == [("test_loss_spike", 8)]
-    delay = parse_timestamp(alerts[0]["timestamp"]) - truth["spike_time"]
-    assert 0 <= delay < 5, f"alert came {delay:.2f}s after the spike"
+    rules = ["test_loss_spike"] + (["loss_spike"] if rules_available() else [])  # the diagnosis rules, once installed
+    for rule in rules:
+        fired = [a for a in alerts if a["rule"] == rule]
+        assert [a["step"] for a in fired] == [8], (rule, alerts)
+        delay = parse_timestamp(fired[0]["timestamp"]) - truth["spike_time"]
+        assert 0 <= delay < 5, f"{rule} alert came {delay:.2f}s after the spike"
 
 
 @pytest.mark.slow
@@ -220,3 +224,22 @@ def test_watch_dir_pid_gone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     records = read_stream(tmp_path / "logs")
     assert [r["step"] for r in records if r["type"] == "metrics"] == [1, 2, 3, 4, 5]
     assert records[-1]["status"] == "failed" and f"process {writer.pid} exited" in records[-1]["summary"]["reason"]
+
+
+def test_watch_dir_alerts_through_rules_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the diagnosis rules installed, a watched folder's loss spike raises their loss_spike alert within seconds."""
+    if not rules_available():
+        pytest.skip("flightlog.rules is not in this installation (it lands with the rules issue)")
+    source = tmp_path / "logging.jsonl"
+    source.write_text("")
+    writer = subprocess.Popen([sys.executable, "-c", APPENDER, str(source), "40", "25"], stdout=subprocess.PIPE, text=True)
+    try:
+        code = cli(["watch", str(tmp_path), "--poll", "0.05", "--idle-timeout", "30"])
+        spike_time = float(writer.stdout.read().strip())
+    finally:
+        writer.wait(10)
+    assert code == 0
+    records = read_stream(tmp_path / "logs")
+    spikes = [r for r in records if r["type"] == "alert" and r["rule"] == "loss_spike"]
+    assert [a["step"] for a in spikes] == [25]
+    assert 0 <= parse_timestamp(spikes[0]["timestamp"]) - spike_time < 3
