@@ -362,6 +362,21 @@ class TestText:
         assert m[1]["grad_norm"] == 1.0 and m[1]["learning_rate"] == 4e-05 and parser.max_steps == 10
         assert out[-1]["type"] == "run_end"
 
+    def test_follow_merged_hf_console_log(self, tmp_path: Path) -> None:
+        """`python train.py > train.log 2>&1` followed live: the redraw after a dict is read at once, though tqdm ends it with no newline."""
+        log = tmp_path / "train.log"
+        bar = lambda n: f"\r{n * 10}%|##   | {n}/10 [00:01<00:02, 4.2it/s]"  # noqa: E731
+        clear = "\r" + " " * 40 + "\r"
+        log.write_text(bar(0) + bar(1) + bar(2) + clear + "{'loss': '2.5', 'learning_rate': '5e-05', 'epoch': '0.2'}\n" + bar(2))
+        imp = TextImporter(log, pair_timeout=30)
+        imp._start()
+        got = metrics(imp._poll())  # the step is known now, not at the next line
+        assert [(r["step"], r["loss"]) for r in got] == [(2, 2.5)]
+        with open(log, "a") as fh:
+            fh.write(bar(3) + bar(4) + clear + "{'loss': '2.25', 'epoch': '0.4'}\n" + bar(4) + bar(5) + "\n")
+        got = metrics(imp._poll() + imp._drain())
+        assert [(r["step"], r["loss"]) for r in got] == [(4, 2.25)] and imp.stats.skipped == {}
+
     def test_swift_dicts_and_step_prefix(self) -> None:
         """ms-swift's printed dicts carry their own step; the seeds' '[Step N] {...}' prefix gives it too."""
         parser = ConsoleParser(_importer())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -24,12 +23,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Sequence
 
 from flightlog.store.importers.base import Importer, Record
-from flightlog.store.importers.text import TQDM_BAR, ConsoleParser, RegexTemplate
+from flightlog.store.importers.text import ConsoleParser, RegexTemplate, SegmentSplitter
 from flightlog.watch.console import alert_console
 from flightlog.watch.feed import ProcessorFactory, RunFeeder
 
 _OUTPUT_FLAGS = ("--output_dir", "--output-dir", "--output")
-_SEPARATORS = re.compile(rb"[\r\n]")
 
 
 class CommandOutput(Importer):
@@ -65,37 +63,6 @@ def command_name(argv: Sequence[str]) -> str:
         if not arg.startswith("-"):
             return Path(arg).stem or "run"
     return Path(argv[0]).stem or "run"
-
-
-class _Splitter:
-    """Cuts one stream's bytes into ``\\r``/``\\n``-terminated segments, holding the rest.
-
-    A held tail that is already a whole tqdm bar is handed out at once (tqdm never ends
-    its bar with a separator until the next redraw), and not again later.
-    """
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self.tail = b""
-        self.tail_sent = False
-
-    def feed(self, data: bytes) -> list[str]:
-        data = self.tail + data
-        parts = _SEPARATORS.split(data)
-        self.tail = parts.pop()
-        out = [p.decode("utf-8", "replace") for p in parts]
-        if self.tail_sent and out:
-            out[0] = ""  # the first part is the bar already handed out
-            self.tail_sent = False
-        text = self.tail.decode("utf-8", "replace")
-        if self.tail and TQDM_BAR.search(text) and text.rstrip().endswith("]"):
-            out.append(text)
-            self.tail_sent = True
-        return out
-
-    def close(self) -> list[str]:
-        tail, self.tail = self.tail, b""
-        return [] if self.tail_sent or not tail else [tail.decode("utf-8", "replace")]
 
 
 def _pump(source: BinaryIO, sink: Any, stream: str, out: "queue.Queue[tuple[str, bytes | None]]") -> None:
@@ -180,8 +147,7 @@ def watch_command(
         pump.start()
     previous_term = _forward_sigterm(child)
 
-    splitters = {"stdout": _Splitter("stdout"), "stderr": _Splitter("stderr")}
-    lines = {"stdout": 0, "stderr": 0}
+    splitters = {"stdout": SegmentSplitter(), "stderr": SegmentSplitter()}
     open_streams = 2
 
     def handle(records: list[Record]) -> None:
@@ -189,10 +155,9 @@ def watch_command(
             feeder.feed(record)
         feeder.set_max_steps(parser.max_steps)
 
-    def take(stream: str, segments: list[str]) -> None:
-        for segment in segments:
-            lines[stream] += 1
-            handle(source._take(parser.feed(segment, f"{stream}:{lines[stream]}")))
+    def take(stream: str, segments: list[tuple[str, int]]) -> None:
+        for segment, line in segments:
+            handle(source._take(parser.feed(segment, f"{stream}:{line}")))
 
     try:
         while open_streams:

@@ -171,13 +171,15 @@ class Importer:
         yield self._start()
         last_data = time.monotonic()
         while True:
+            # Decide before reading: the read after the trainer stopped is the last one,
+            # so lines written just before it exited are not lost.
+            stopping = stopped()
+            idle = idle_timeout is not None and time.monotonic() - last_data >= idle_timeout
             batch = self._take(self._poll())
             if batch:
                 last_data = time.monotonic()
                 yield from batch
-            if self.ended or stopped():
-                break
-            if idle_timeout is not None and time.monotonic() - last_data >= idle_timeout:
+            if self.ended or stopping or (idle and not batch):
                 break
             if isinstance(stop, threading.Event):
                 stop.wait(poll_interval)

@@ -26,16 +26,16 @@ class LineTail:
         self.rotations = 0
         self._inode: tuple[int, int] | None = None
 
-    def read_lines(self) -> list[bytes]:
-        """Complete lines (without the newline) that arrived since the last call."""
+    def read_bytes(self) -> bytes:
+        """The bytes appended since the last call (after a truncation or rotation: the new
+        file's from its start; ``resets`` counts those, so a caller can drop held state)."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            return []
+            return b""
         inode = (st.st_dev, st.st_ino)
-        lines: list[bytes] = []
         if self._inode is not None and inode != self._inode:
-            # Rotated: the old file is gone or renamed; a held partial line is finished.
+            # Rotated: the old file is gone or renamed; what it still held unread is lost.
             self.rotations += 1
             self._reset()
         elif st.st_size < self.offset:
@@ -43,7 +43,8 @@ class LineTail:
             self._reset()
         self._inode = inode
         if st.st_size == self.offset:
-            return lines
+            return b""
+        chunks = []
         with open(self.path, "rb") as fh:
             fh.seek(self.offset)
             while True:
@@ -51,12 +52,22 @@ class LineTail:
                 if not chunk:
                     break
                 self.offset += len(chunk)
-                data = self.partial + chunk
-                parts = data.split(b"\n")
-                self.partial = parts.pop()
-                lines.extend(parts)
-        self.line_number += len(lines)
-        return lines
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    @property
+    def resets(self) -> int:
+        return self.truncations + self.rotations
+
+    def read_lines(self) -> list[bytes]:
+        """Complete lines (without the newline) that arrived since the last call."""
+        data = self.read_bytes()
+        if not data:
+            return []
+        parts = (self.partial + data).split(b"\n")
+        self.partial = parts.pop()
+        self.line_number += len(parts)
+        return parts
 
     def take_partial(self) -> bytes:
         """The incomplete last line, given up (at the end of a read, when no more will come)."""

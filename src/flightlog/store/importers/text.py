@@ -53,6 +53,7 @@ WRAPPED_NUMBER = re.compile(
 )
 BARE_NONFINITE = re.compile(r"(?<=[:\s])(-?inf|nan)(?=\s*[,}])")
 TQDM_BAR = re.compile(r"\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[")
+_SEPARATORS = re.compile(rb"[\r\n]")
 UNIT_SCALE = {"gb": 1024.0, "gib": 1024.0, "mb": 1.0, "mib": 1.0, "kb": 1 / 1024, "tb": 1024.0 * 1024}
 SWIFT_KEYS = frozenset({"global_step/max_steps", "memory(GiB)", "global_step", "train_speed(iter/s)", "train_speed(s/it)"})
 HF_SUMMARY = frozenset({"train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second"})
@@ -292,6 +293,48 @@ class ConsoleParser:
         return [metrics_record(step, epoch, fields)] if fields else []
 
 
+class SegmentSplitter:
+    """Cuts a stream's bytes into ``\\r``/``\\n``-terminated segments with their line numbers.
+
+    The unterminated rest is held for the next call. A held rest that already is a
+    whole tqdm bar is handed out at once: tqdm ends a redraw with no separator until its
+    next redraw, which may be a slow step away, and the redraw right after a printed
+    dict is what gives the dict its step.
+    """
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.tail_sent = False
+        self.line = 1
+
+    def feed(self, data: bytes) -> list[tuple[str, int]]:
+        data = self.tail + data
+        out: list[tuple[str, int]] = []
+        start = 0
+        for match in _SEPARATORS.finditer(data):
+            text = data[start:match.start()].decode("utf-8", "replace")
+            if self.tail_sent:
+                text = ""  # the first segment is the bar already handed out
+                self.tail_sent = False
+            out.append((text, self.line))
+            if match.group() == b"\n":
+                self.line += 1
+            start = match.end()
+        self.tail = data[start:]
+        if self.tail and not self.tail_sent:
+            text = self.tail.decode("utf-8", "replace")
+            if TQDM_BAR.search(text) and text.rstrip().endswith("]"):
+                out.append((text, self.line))
+                self.tail_sent = True
+        return out
+
+    def close(self) -> bytes:
+        """The held unterminated rest (empty if it was a bar already handed out)."""
+        tail, self.tail = self.tail, b""
+        sent, self.tail_sent = self.tail_sent, False
+        return b"" if sent else tail
+
+
 class TextImporter(Importer):
     """Reads (and follows) a text log file through the templates; read-only."""
 
@@ -301,6 +344,8 @@ class TextImporter(Importer):
         super().__init__(path)
         self.tail = LineTail(self.path)
         self.parser = ConsoleParser(self, [RegexTemplate(p) for p in patterns], pair_timeout=pair_timeout)
+        self.splitter = SegmentSplitter()
+        self._resets = 0
 
     def _start(self) -> Record:
         record = super()._start()
@@ -308,18 +353,20 @@ class TextImporter(Importer):
         return record
 
     def _poll(self) -> list[Record]:
-        lines = self.tail.read_lines()
-        first = self.tail.line_number - len(lines) + 1
+        data = self.tail.read_bytes()
+        if self.tail.resets != self._resets:  # truncated or rotated: start over
+            self._resets = self.tail.resets
+            self.splitter = SegmentSplitter()
         out: list[Record] = []
-        for offset, raw in enumerate(lines):
-            out.extend(self.parser.feed(raw.decode("utf-8", "replace"), f"{self.path.name}:{first + offset}"))
+        for segment, line in self.splitter.feed(data) if data else []:
+            out.extend(self.parser.feed(segment, f"{self.path.name}:{line}"))
         out.extend(self.parser.tick())
         return out
 
     def _drain(self) -> list[Record]:
         # A last line without its newline may be cut anywhere (``loss 2.1`` of ``loss 2.1423``):
         # parsing it could record a wrong value, so it is counted and skipped.
-        partial = self.tail.take_partial()
-        if partial.strip():
-            self.skip("incomplete last line", f"{self.path.name}:{self.tail.line_number}", f"{len(partial)} bytes without a newline")
+        rest = self.splitter.close()
+        if rest.strip():
+            self.skip("incomplete last line", f"{self.path.name}:{self.splitter.line}", f"{len(rest)} bytes without a newline")
         return self.parser.finish()
