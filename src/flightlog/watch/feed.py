@@ -89,10 +89,7 @@ class RunFeeder:
                 run = self.run
                 run.record(RUN_START, segment=run.segment + int(record["segment"]), resumed_from_step=record.get("resumed_from_step"), run_name=run.run_name)
             return
-        if self.run is None:
-            self.start({})
-        run = self.run
-        assert run is not None
+        run = self.run if self.run is not None else self.start({})
         if kind == RUN_END:
             self.end = record
             return
@@ -107,9 +104,7 @@ class RunFeeder:
         run.record(kind, step=record.get("step"), epoch=record.get("epoch"), **fields)
 
     def finish(self, status: str, summary: dict[str, Any] | None = None) -> None:
-        if self.run is None:
-            self.start({})
-        assert self.run is not None
+        run = self.run if self.run is not None else self.start({})
         final = dict((self.end or {}).get("summary") or {})
         final.update(summary or {})
-        self.run.finish(status, summary=final)
+        run.finish(status, summary=final)

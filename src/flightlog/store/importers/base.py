@@ -52,16 +52,21 @@ def metrics_record(step: int | None, epoch: Any, fields: dict[str, Any], t: floa
 def number(value: Any) -> float | int | None:
     """A metric value as a number: ints and floats as they are, numeric strings parsed
     (``"2.1"``, ``"NaN"``, ``"9.00%"`` -> 9.0); anything else None (the caller counts it)."""
+    cls = value.__class__
+    if cls is float or cls is int:
+        return value
+    if cls is str:
+        try:
+            return float(value)
+        except ValueError:
+            try:
+                return float(value.strip().rstrip("%"))
+            except ValueError:
+                return None
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return value
-    if isinstance(value, str):
-        text = value.strip().rstrip("%")
-        try:
-            return float(text)
-        except ValueError:
-            return None
     return None
 
 

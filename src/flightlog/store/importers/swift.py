@@ -106,9 +106,10 @@ class SwiftMapper:
 
     def map(self, obj: dict[str, Any], where: str) -> list[Record]:
         imp = self.importer
-        if RUN_INFO_KEYS & obj.keys():
+        keys = obj.keys()
+        if not keys.isdisjoint(RUN_INFO_KEYS):
             return self._run_info(obj, where)
-        kind = "summary" if SUMMARY_KEYS & obj.keys() else "eval" if any(str(k).startswith("eval_") for k in obj) else "train"
+        kind = "summary" if not keys.isdisjoint(SUMMARY_KEYS) else "eval" if any(k.startswith("eval_") for k in keys) else "train"
         step = self._step(obj, where)
         if step is None:
             if "global_step/max_steps" in obj or "global_step" in obj:

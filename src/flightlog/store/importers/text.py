@@ -45,6 +45,7 @@ STEP_PART = re.compile(
     r"(?P<value>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|Infinity))"
     r"(?P<unit>[A-Za-z/%]*)(?:\s*/\s*(?P<total>[-+]?\d+\.?\d*)(?P<total_unit>[A-Za-z]*))?\s*$"
 )
+PART_SPLIT = re.compile(r"\s*\|\s*|,\s+")
 DICT_LINE = re.compile(r"^(?P<prefix>[^{]*?)(?P<dict>\{.*\})\s*$")
 PREFIX_STEP = re.compile(r"\bStep\s+(\d+)", re.IGNORECASE)
 WRAPPED_NUMBER = re.compile(
@@ -111,7 +112,7 @@ class ConsoleParser:
         self.bar_total: int | None = None
         self.bar_n: int | None = None
         self._armed = False
-        self._redraws: deque[int] = deque()
+        self._redraws: deque[tuple[float, int]] = deque(maxlen=10_000)
         self._waiting: deque[tuple[float, dict[str, Any], str]] = deque()
         self.ordinal = 0
 
@@ -127,10 +128,14 @@ class ConsoleParser:
     def tick(self) -> list[Record]:
         """Pair waiting HF dicts with bar redraws; give up waiting after ``pair_timeout``."""
         out: list[Record] = []
-        while self._waiting and self._redraws:
-            _, obj, where = self._waiting.popleft()
-            out.extend(self._hf(obj, self._redraws.popleft(), where))
         now = self.clock()
+        while self._waiting and self._redraws:
+            arrived, obj, where = self._waiting[0]
+            drawn, n = self._redraws.popleft()
+            if drawn < arrived - self.pair_timeout:
+                continue  # a redraw after some other write, long before this dict: not its partner
+            self._waiting.popleft()
+            out.extend(self._hf(obj, n, where))
         while self._waiting and now - self._waiting[0][0] >= self.pair_timeout:
             _, obj, where = self._waiting.popleft()
             out.extend(self._hf(obj, None, where))
@@ -140,7 +145,7 @@ class ConsoleParser:
         out = self.tick()
         while self._waiting:
             _, obj, where = self._waiting.popleft()
-            out.extend(self._hf(obj, self._redraws.popleft() if self._redraws else None, where))
+            out.extend(self._hf(obj, self._redraws.popleft()[1] if self._redraws else None, where))
         return out
 
     # ------------------------------------------------------------------ parsing
@@ -189,7 +194,7 @@ class ConsoleParser:
         self.bar_n = n
         if self._armed:
             self._armed = False
-            self._redraws.append(n)
+            self._redraws.append((self.clock(), n))
 
     def _step_line(self, match: re.Match[str], where: str) -> list[Record]:
         step = int(match.group("step"))
@@ -197,9 +202,23 @@ class ConsoleParser:
             self.max_steps = int(match.group("max"))
         fields: dict[str, Any] = {}
         epoch = None
-        for part in re.split(r"\s*\|\s*|,\s+", match.group("rest")):
-            if not part.strip():
+        for part in PART_SPLIT.split(match.group("rest")):
+            if not part:
                 continue
+            # Fast path: "name value" with a plain number.
+            name, _, text = part.strip().rpartition(" ")
+            if name and " " not in name:
+                try:
+                    value = float(text)
+                except ValueError:
+                    pass
+                else:
+                    key = snake(name)
+                    if key == "epoch":
+                        epoch = value
+                    else:
+                        fields[ALIASES.get(key) or key] = value
+                    continue
             pm = STEP_PART.match(part)
             if not pm:
                 continue
