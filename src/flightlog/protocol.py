@@ -23,7 +23,8 @@ EVENT: Final = "event"
 ALERT: Final = "alert"
 CHECKPOINT: Final = "checkpoint"
 RUN_END: Final = "run_end"
-RECORD_TYPES: Final = frozenset({RUN_START, METRICS, EVENT, ALERT, CHECKPOINT, RUN_END})
+HISTOGRAMS: Final = "histograms"  # weight histograms (flightlog.sinks.histograms)
+RECORD_TYPES: Final = frozenset({RUN_START, METRICS, EVENT, ALERT, CHECKPOINT, RUN_END, HISTOGRAMS})
 
 # Fields every record carries, in the order they are written.
 ENVELOPE: Final = ("type", "timestamp", "run_id", "step", "epoch")

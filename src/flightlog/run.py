@@ -44,7 +44,7 @@ from flightlog.protocol import (
 )
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
-from flightlog.sinks import build_sink
+from flightlog.sinks import build_sinks
 from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot
 
 OnLogHook = Callable[[dict[str, Any], int], Any]
@@ -79,7 +79,7 @@ class Run:
         self.output_dir = Path(config.output_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-        previous = read_run_file(self.log_dir)
+        previous = self._read_previous()
         if previous and config.run_id and previous.get("run_id") != config.run_id:
             raise ConfigError(
                 f"flightlog config: log_dir {str(self.log_dir)!r} already holds run {previous.get('run_id')!r}; "
@@ -111,7 +111,7 @@ class Run:
         self.queue = RecordQueue(config.queue_size, config.on_full)
         self._items = self.queue._items
         self._maxsize = config.queue_size
-        self.sinks = [build_sink(s, config, self.log_dir) if isinstance(s, str) else s for s in config.sinks]
+        self.sinks = build_sinks(config.sinks, config, self.log_dir)
         self.writer = Writer(
             self.queue,
             self.sinks,
@@ -155,7 +155,7 @@ class Run:
         }
         if self._redactor is not None:
             meta = self._redactor.redact_nested(meta)
-        self.run_file = RunFile(self.log_dir, meta)
+        self.run_file = self._open_run_file(meta)
         self.run_file.update(fsync=True)
 
         self._finished = False
@@ -182,6 +182,14 @@ class Run:
         if config.install_signal_handlers:
             self._install_signal_handlers()
         atexit.register(self._at_exit)
+
+    def _read_previous(self) -> dict[str, Any] | None:
+        """The run.json already in the log directory (a distributed follower gets rank 0's instead)."""
+        return read_run_file(self.log_dir)
+
+    def _open_run_file(self, meta: dict[str, Any]) -> RunFile:
+        """The writer of run.json (a distributed follower gets one that writes nothing)."""
+        return RunFile(self.log_dir, meta)
 
     # ------------------------------------------------------------------ hot path
     def log(self, metrics: Mapping[str, Any], step: int | None = None, epoch: float | None = None) -> None:
@@ -468,7 +476,13 @@ def init(
         global _previous_excepthook
         _previous_excepthook = sys.excepthook
         sys.excepthook = _excepthook
-    run = Run(config, processors=processors, on_log=on_log)
+    run = None
+    if "torch.distributed" in sys.modules:  # never import torch here: only a loaded one can have a group
+        from flightlog.dist import start_run
+
+        run = start_run(config, processors=processors, on_log=on_log)
+    if run is None:
+        run = Run(config, processors=processors, on_log=on_log)
     _current = run
     return run
 

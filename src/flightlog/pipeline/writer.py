@@ -76,6 +76,7 @@ class Writer:
         self._flush_done = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed_sinks = False
+        self._closed_ids: set[int] = set()
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -235,6 +236,8 @@ class Writer:
 
     def _write(self, batch: list[Record]) -> None:
         for sink in self.sinks:
+            if self._closed_ids and id(sink) in self._closed_ids:
+                continue
             try:
                 sink.write(batch)
             except Exception as exc:
@@ -258,7 +261,10 @@ class Writer:
             self._drain()
         except Exception:
             pass
-        for sink in self.sinks:
+        # Last sink first: the first one (train.jsonl) closes last, so it still records
+        # the others' close failures; a closed sink gets no more writes.
+        for sink in reversed(self.sinks):
+            self._closed_ids.add(id(sink))
             try:
                 sink.close()
             except Exception as exc:
