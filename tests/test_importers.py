@@ -377,6 +377,17 @@ class TestText:
         got = metrics(imp._poll() + imp._drain())
         assert [(r["step"], r["loss"]) for r in got] == [(4, 2.25)] and imp.stats.skipped == {}
 
+    def test_stale_redraws_are_not_partners(self) -> None:
+        """A redraw left by some other tqdm.write long before a dict does not give that dict its step."""
+        now = [0.0]
+        parser = ConsoleParser(_importer(), pair_timeout=1.0, clock=lambda: now[0])
+        bar = lambda n: f"\r{n * 10}%|##   | {n}/10 [00:01<00:02, 4.2it/s]"  # noqa: E731
+        clear = "\r" + " " * 40 + "\r"
+        assert parser.feed(bar(1) + clear + bar(1), "stderr:1") == []  # a warning printed through tqdm.write
+        now[0] = 30.0
+        out = parser.feed("{'loss': '2.5', 'epoch': '0.6'}", "stdout:1") + parser.feed(bar(5) + bar(6) + clear + bar(6), "stderr:2")
+        assert [(r["step"], r["loss"]) for r in metrics(out)] == [(6, 2.5)]
+
     def test_swift_dicts_and_step_prefix(self) -> None:
         """ms-swift's printed dicts carry their own step; the seeds' '[Step N] {...}' prefix gives it too."""
         parser = ConsoleParser(_importer())
