@@ -243,3 +243,39 @@ def test_watch_dir_alerts_through_rules_engine(tmp_path: Path, capsys: pytest.Ca
     spikes = [r for r in records if r["type"] == "alert" and r["rule"] == "loss_spike"]
     assert [a["step"] for a in spikes] == [25]
     assert 0 <= parse_timestamp(spikes[0]["timestamp"]) - spike_time < 3
+
+
+LOOPER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+step = 0
+while True:
+    step += 1
+    print(f"Step {step} | loss {1.0 / step:.4f}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_watch_command_forwards_sigterm(tmp_path: Path) -> None:
+    """SIGTERM to the watcher reaches the command; the run ends interrupted with the command's exit code."""
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "flightlog", "watch", "--no-rules", "--log-dir", str(tmp_path / "log"), "--", sys.executable, "-c", LOOPER],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        assert watcher.stdout is not None
+        for _ in range(5):
+            assert watcher.stdout.readline().startswith(b"Step ")  # the command is running and its output passes through
+        watcher.terminate()
+        watcher.stdout.read()
+        assert watcher.wait(30) == 143
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    records = read_stream(tmp_path / "log")
+    steps = [r["step"] for r in records if r["type"] == "metrics"]
+    assert steps[:5] == [1, 2, 3, 4, 5] and steps == list(range(1, len(steps) + 1))
+    assert records[-1]["status"] == "interrupted" and records[-1]["summary"]["exit_code"] == 143

@@ -162,18 +162,20 @@ def watch_command(
     try:
         while open_streams:
             try:
-                stream, data = chunks.get(timeout=0.2)
-            except queue.Empty:
-                handle(source._take(parser.tick()))
-                continue
+                try:
+                    stream, data = chunks.get(timeout=0.2)
+                except queue.Empty:
+                    handle(source._take(parser.tick()))
+                    continue
+                if data is None:
+                    open_streams -= 1
+                    take(stream, splitters[stream].close())
+                    continue
+                take(stream, splitters[stream].feed(data))
             except KeyboardInterrupt:
+                # Ctrl-C reached the command too (same process group); this makes sure.
+                # Keep recording until it has exited.
                 _signal(child, signal.SIGINT)
-                continue
-            if data is None:
-                open_streams -= 1
-                take(stream, splitters[stream].close())
-                continue
-            take(stream, splitters[stream].feed(data))
         code = _wait(child)
         handle(source._take(parser.finish()))
     finally:
