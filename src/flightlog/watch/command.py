@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Iterable, Sequence
 
 from flightlog.store.importers.base import Importer, Record
 from flightlog.store.importers.text import ConsoleParser, RegexTemplate, SegmentSplitter
-from flightlog.watch.console import alert_console
+from flightlog.watch.console import StreamState, alert_console
 from flightlog.watch.feed import ProcessorFactory, RunFeeder
 
 _OUTPUT_FLAGS = ("--output_dir", "--output-dir", "--output")
@@ -65,7 +65,7 @@ def command_name(argv: Sequence[str]) -> str:
     return Path(argv[0]).stem or "run"
 
 
-def _pump(source: BinaryIO, sink: Any, stream: str, out: "queue.Queue[tuple[str, bytes | None]]") -> None:
+def _pump(source: BinaryIO, sink: Any, stream: str, out: "queue.Queue[tuple[str, bytes | None]]", state: StreamState | None = None) -> None:
     """Copy the child's bytes to our stream unchanged, and a copy to the parser queue."""
     fd = source.fileno()
     try:
@@ -76,6 +76,8 @@ def _pump(source: BinaryIO, sink: Any, stream: str, out: "queue.Queue[tuple[str,
             try:
                 sink.write(data)
                 sink.flush()
+                if state is not None:
+                    state.saw(data)
             except (OSError, ValueError):
                 pass  # our own stdout closed: keep recording anyway
             out.put((stream, data))
@@ -117,12 +119,13 @@ def watch_command(
     target = Path(log_dir) if log_dir else (Path(out_dir) / "logs" if out_dir else Path("flightlog-watch") / name)
     templates = [RegexTemplate(p) for p in patterns]  # a bad pattern fails before the command starts
 
+    stderr_state = StreamState()
     source = CommandOutput(argv, name)
     parser = ConsoleParser(source, templates, pair_timeout=pair_timeout)
     feeder = RunFeeder(
         output_dir=out_dir or Path.cwd(),
         log_dir=target,
-        sinks=sinks if sinks is not None else ["jsonl", alert_console()],
+        sinks=sinks if sinks is not None else ["jsonl", alert_console(stderr_state)],
         processors=processors,
         options=options,
         run_name=name,
@@ -141,7 +144,7 @@ def watch_command(
     chunks: "queue.Queue[tuple[str, bytes | None]]" = queue.Queue()
     pumps = [
         threading.Thread(target=_pump, args=(child.stdout, _binary(sys.stdout), "stdout", chunks), daemon=True),
-        threading.Thread(target=_pump, args=(child.stderr, _binary(sys.stderr), "stderr", chunks), daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, _binary(sys.stderr), "stderr", chunks, stderr_state), daemon=True),
     ]
     for pump in pumps:
         pump.start()
