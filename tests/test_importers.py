@@ -377,6 +377,16 @@ class TestText:
         got = metrics(imp._poll() + imp._drain())
         assert [(r["step"], r["loss"]) for r in got] == [(4, 2.25)] and imp.stats.skipped == {}
 
+    def test_dataset_bar_before_training_bar(self) -> None:
+        """A finished dataset-map bar before training does not hide the training bar; eval bars during training are ignored."""
+        parser = ConsoleParser(_importer(), pair_timeout=60)
+        clear = "\r" + " " * 40 + "\r"
+        out = parser.feed("\rMap: 100%|####| 64/64 [00:00<00:00, 999.0 examples/s]", "stderr:1")
+        out += parser.feed("\r  0%|     | 0/10 [00:00<?, ?it/s]\r 30%|##   | 3/10 [00:01<00:02, 4.2it/s]", "stderr:2")
+        out += parser.feed("\r 50%|##   | 4/8 [00:00<00:00]" + clear + "\r 30%|##   | 3/10 [00:01<00:02]" + "\r 50%|##   | 4/8 [00:00<00:00]", "stderr:3")
+        out += parser.feed("{'eval_loss': '2.5', 'epoch': '0.3'}", "stdout:1")
+        assert [(r["step"], r["eval_loss"]) for r in metrics(out)] == [(3, 2.5)] and parser.max_steps == 10
+
     def test_stale_redraws_are_not_partners(self) -> None:
         """A redraw left by some other tqdm.write long before a dict does not give that dict its step."""
         now = [0.0]

@@ -114,7 +114,7 @@ class ConsoleParser:
         self._armed = False
         self._redraws: deque[tuple[float, int]] = deque(maxlen=10_000)
         self._waiting: deque[tuple[float, dict[str, Any], str]] = deque()
-        self.ordinal = 0
+        self._max_from_bar = False
 
     # ------------------------------------------------------------------ input
     def feed(self, line: str, where: str) -> list[Record]:
@@ -186,9 +186,13 @@ class ConsoleParser:
         return []
 
     def _bar(self, n: int, total: int) -> None:
-        if self.bar_total is None:
-            self.bar_total = total  # the first bar HF draws is the training bar
-            self.max_steps = self.max_steps or total
+        finished = self.bar_n is not None and self.bar_total is not None and self.bar_n >= self.bar_total
+        if self.bar_total is None or (total != self.bar_total and finished):
+            # The training bar is the first bar, or the first after a finished one
+            # (a dataset ``map`` bar often comes before training starts).
+            self.bar_total, self.bar_n = total, None
+            if self.max_steps is None or self._max_from_bar:
+                self.max_steps, self._max_from_bar = total, True
         if total != self.bar_total:
             return  # an evaluation bar
         self.bar_n = n
@@ -199,7 +203,7 @@ class ConsoleParser:
     def _step_line(self, match: re.Match[str], where: str) -> list[Record]:
         step = int(match.group("step"))
         if match.group("max"):
-            self.max_steps = int(match.group("max"))
+            self.max_steps, self._max_from_bar = int(match.group("max")), False
         fields: dict[str, Any] = {}
         epoch = None
         for part in PART_SPLIT.split(match.group("rest")):
@@ -250,7 +254,7 @@ class ConsoleParser:
         if SWIFT_KEYS & obj.keys():
             records = self.swift.map(obj, where)
             if self.swift.max_steps:
-                self.max_steps = self.swift.max_steps
+                self.max_steps, self._max_from_bar = self.swift.max_steps, False
             for r in records:
                 if isinstance(r.get("step"), int):
                     self.last_step = r["step"]
