@@ -377,6 +377,39 @@ class TestText:
         got = metrics(imp._poll() + imp._drain())
         assert [(r["step"], r["loss"]) for r in got] == [(4, 2.25)] and imp.stats.skipped == {}
 
+    @pytest.mark.parametrize("order", ["stderr-first", "stdout-first", "interleaved-1", "interleaved-2", "interleaved-3"])
+    def test_real_hf_console_any_interleaving(self, order: str) -> None:
+        """HF Trainer's real console (logging every step, eval and checkpoint every 6, whose shard bar leaves an extra
+        clear-and-redraw): every dict gets HF's own step however stdout and stderr interleave."""
+        import random
+
+        from flightlog.store.importers.text import SegmentSplitter
+
+        base = Path(__file__).parent / "fixtures" / "hf_console"
+        streams = {name: (base / f"{name}.txt").read_bytes() for name in ("stdout", "stderr")}
+        chunks = {name: [data[i:i + 97] for i in range(0, len(data), 97)] for name, data in streams.items()}
+        if order == "stderr-first":
+            sequence = [("stderr", c) for c in chunks["stderr"]] + [("stdout", c) for c in chunks["stdout"]]
+        elif order == "stdout-first":
+            sequence = [("stdout", c) for c in chunks["stdout"]] + [("stderr", c) for c in chunks["stderr"]]
+        else:
+            rng = random.Random(order)
+            pending = {k: list(v) for k, v in chunks.items()}
+            sequence = []
+            while any(pending.values()):
+                name = rng.choice([k for k, v in pending.items() if v])
+                sequence.append((name, pending[name].pop(0)))
+        parser = ConsoleParser(_importer(), pair_timeout=1e9)
+        splitters = {"stdout": SegmentSplitter(), "stderr": SegmentSplitter()}
+        out: list[dict] = []
+        for name, chunk in sequence:
+            for segment, line in splitters[name].feed(chunk):
+                out += parser.feed(segment, f"{name}:{line}")
+        out += parser.finish()
+        # The Trainer's own log_history of that run: steps 1-6, eval at 6, 7-12, eval at 12, summary at 12.
+        assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4, 5, 6, 6, 7, 8, 9, 10, 11, 12, 12, 12]
+        assert [r["loss"] for r in metrics(out) if "loss" in r][7] == 166.2
+
     def test_dataset_bar_before_training_bar(self) -> None:
         """A finished dataset-map bar before training does not hide the training bar; eval bars during training are ignored."""
         parser = ConsoleParser(_importer(), pair_timeout=60)

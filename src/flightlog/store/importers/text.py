@@ -115,6 +115,11 @@ class ConsoleParser:
         self._redraws: deque[tuple[float, int]] = deque(maxlen=10_000)
         self._waiting: deque[tuple[float, dict[str, Any], str]] = deque()
         self._max_from_bar = False
+        self._last_paired = -1
+        self._last_train = -1
+        self._ratio: float | None = None  # steps per epoch, from the latest paired dict
+        self._ratio_step = 0
+        self.redraws_skipped = 0
 
     # ------------------------------------------------------------------ input
     def feed(self, line: str, where: str) -> list[Record]:
@@ -132,20 +137,55 @@ class ConsoleParser:
         while self._waiting and self._redraws:
             arrived, obj, where = self._waiting[0]
             drawn, n = self._redraws.popleft()
-            if drawn < arrived - self.pair_timeout:
-                continue  # a redraw after some other write, long before this dict: not its partner
+            if drawn < arrived - self.pair_timeout or not self._plausible(obj, n):
+                # A redraw after some other clear (a finished nested bar, another write):
+                # long before this dict, or a step this dict cannot have. Not its partner.
+                self.redraws_skipped += 1
+                continue
             self._waiting.popleft()
-            out.extend(self._hf(obj, n, where))
+            out.extend(self._paired(obj, n, where))
         while self._waiting and now - self._waiting[0][0] >= self.pair_timeout:
             _, obj, where = self._waiting.popleft()
+            self._ratio, self._ratio_step = None, 0  # unsure from here on: calibrate the epoch check again
             out.extend(self._hf(obj, None, where))
         return out
 
+    def _plausible(self, obj: dict[str, Any], n: int) -> bool:
+        """Could ``n`` be this dict's step? A train log comes after the previous train log's
+        step (eval and summary logs may share it), and HF's epoch grows in proportion to
+        the step, so once a pair calibrated that ratio, the epoch predicts the step to
+        within its 4 printed digits."""
+        train = not any(str(k).startswith("eval_") for k in obj) and not HF_SUMMARY & obj.keys()
+        if n < self._last_paired or (train and n <= self._last_train):
+            return False
+        epoch = number(obj.get("epoch"))
+        if self._ratio and isinstance(epoch, float) and epoch > 0:
+            expected = epoch * self._ratio
+            return abs(n - expected) <= 0.5 + 1.5e-3 * expected
+        return True
+
+    def _paired(self, obj: dict[str, Any], n: int, where: str) -> list[Record]:
+        self._last_paired = n
+        if not any(str(k).startswith("eval_") for k in obj) and not HF_SUMMARY & obj.keys():
+            self._last_train = n
+        epoch = number(obj.get("epoch"))
+        if isinstance(epoch, float) and epoch > 0 and n > 0 and n >= self._ratio_step:
+            self._ratio, self._ratio_step = n / epoch, n
+        return self._hf(obj, n, where)
+
     def finish(self) -> list[Record]:
+        """The input ended: pair what still waits with what redraws are left."""
         out = self.tick()
         while self._waiting:
             _, obj, where = self._waiting.popleft()
-            out.extend(self._hf(obj, self._redraws.popleft()[1] if self._redraws else None, where))
+            n = None
+            while self._redraws:
+                candidate = self._redraws.popleft()[1]
+                if self._plausible(obj, candidate):
+                    n = candidate
+                    break
+                self.redraws_skipped += 1
+            out.extend(self._paired(obj, n, where) if n is not None else self._hf(obj, None, where))
         return out
 
     # ------------------------------------------------------------------ parsing
