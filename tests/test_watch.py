@@ -190,7 +190,7 @@ def test_watch_dir_follows_live_hf_tensorboard(tmp_path: Path, monkeypatch: pyte
     out = tmp_path / "hf"
     out.mkdir()
     trainer = subprocess.Popen(
-        [sys.executable, str(FIXTURES / "hf_train.py"), "--output_dir", str(out), "--max_steps", "12", "--spike_step", "8", "--tensorboard", "--step_sleep", "0.05"],
+        [sys.executable, str(FIXTURES / "hf_train.py"), "--output_dir", str(out), "--max_steps", "12", "--spike_step", "8", "--tensorboard", "--step_sleep", "0.25"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     monkeypatch.syspath_prepend(str(FIXTURES))
