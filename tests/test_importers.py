@@ -311,6 +311,19 @@ class TestTensorBoard:
         assert [r["loss"] for r in got] == pytest.approx([h["loss"] for h in truth], rel=1e-6)
         assert records[0]["config"]["max_steps"] == 12
 
+    def test_without_tensorboard_installed(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without TensorBoard, detection still works and reading says what to install."""
+        import sys
+
+        (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
+        for name in [m for m in sys.modules if m == "tensorboard" or m.startswith("tensorboard.")]:
+            monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.setitem(sys.modules, "tensorboard", None)
+        found = detect_formats(tmp_path)
+        assert [d.format for d in found] == ["tensorboard"]
+        with pytest.raises(ImportError, match=r"pip install 'flightlog\[tensorboard\]'"):
+            list(found[0].open().records())
+
     def test_tag_names(self) -> None:
         """Tags map onto protocol names."""
         assert [tag_name(t) for t in ("train/loss", "eval/loss", "train/memory(GiB)", "lr", "perf/tokens per s", "val/acc")] == [

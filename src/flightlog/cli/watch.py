@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
             run_name=args.name,
             options=options,
         )
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ImportError) as exc:
         print(exc, file=sys.stderr)
         return 2
     print(f"flightlog watch: run {result.run_id} {result.status}: {result.metrics} metrics records in {result.log_dir}")

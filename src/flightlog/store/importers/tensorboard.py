@@ -90,7 +90,10 @@ class TensorBoardImporter(Importer):
     def _loader(self, path: Path) -> Any:
         loader = self._loaders.get(path)
         if loader is None:
-            from tensorboard.backend.event_processing import event_file_loader
+            try:
+                from tensorboard.backend.event_processing import event_file_loader
+            except ImportError:
+                raise ImportError("flightlog: reading TensorBoard event files needs TensorBoard: pip install 'flightlog[tensorboard]'") from None
 
             # TensorBoard logs each truncated record it meets; a live file always has one.
             logging.getLogger("tensorboard").setLevel(logging.ERROR)
@@ -105,8 +108,9 @@ class TensorBoardImporter(Importer):
         out: list[Record] = []
         new = False
         for path in self._files():
+            loader = self._loader(path)  # ImportError (no TensorBoard) is the user's to see
             try:
-                events = list(self._loader(path).Load())
+                events = list(loader.Load())
             except Exception as exc:  # a corrupt file must not stop the others
                 self.skip("unreadable event file", path.name, f"{type(exc).__name__}: {exc}"[:100])
                 self._loaders[path] = _Exhausted()
