@@ -89,6 +89,8 @@ BAD_VALUES = [
     ("model_name", 3, "a string"),
     ("dataset", 3, "a string"),
     ("log_dir", 3, "a path"),
+    ("rules", 3, "true, false, a path to a rules YAML file or a mapping"),
+    ("notify", "https://hooks.slack.com/x", "a list of URLs or mappings"),
     # optional sinks (tests/test_sinks_prometheus.py covers more)
     ("tensorboard_dir", "", "a non-empty path or null"),
     ("histogram_interval", 0, "an integer >= 1"),

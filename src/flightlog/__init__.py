@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 from flightlog.config import Config, ConfigError
+from flightlog.loghandler import LogHandler
 from flightlog.pipeline.processors import DropRecord
 from flightlog.run import Run, current_run, event, finish, init, log
 
@@ -34,6 +35,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DropRecord",
+    "LogHandler",
     "Run",
     "__version__",
     "current_run",

@@ -123,6 +123,14 @@ class Run:
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
         )
+        # --- diagnosis rules (writer-thread processor + stall timer); see flightlog.rules.actions
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.rules = None
+        if config.rules is not False:
+            from flightlog.rules import attach
+
+            self.rules = attach(self)
 
         from flightlog import context
 
@@ -348,6 +356,8 @@ class Run:
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
         self._maxsize = -1  # every later record takes the slow path, which refuses it
         closed = self.writer.close(timeout)
+        if self.rules is not None:
+            self.rules.close()
         end = format_timestamp(_time())
         self.run_file.update(
             fsync=True,
