@@ -227,22 +227,45 @@ def test_watch_dir_pid_gone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_watch_dir_alerts_through_rules_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """With the diagnosis rules installed, a watched folder's loss spike raises their loss_spike alert within seconds."""
+    """With the diagnosis rules installed, a watched folder's loss spike raises their loss_spike alert within seconds,
+    and --notify delivers it to a webhook (a local HTTP server here)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
     if not rules_available():
         pytest.skip("flightlog.rules is not in this installation (it lands with the rules issue)")
+    received: list[tuple[float, dict]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((time.time(), json.loads(body)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     source = tmp_path / "logging.jsonl"
     source.write_text("")
     writer = subprocess.Popen([sys.executable, "-c", APPENDER, str(source), "40", "25"], stdout=subprocess.PIPE, text=True)
     try:
-        code = cli(["watch", str(tmp_path), "--poll", "0.05", "--idle-timeout", "30"])
+        code = cli(["watch", str(tmp_path), "--poll", "0.05", "--idle-timeout", "30", "--notify", f"http://127.0.0.1:{server.server_port}/hook"])
         spike_time = float(writer.stdout.read().strip())
     finally:
         writer.wait(10)
+        server.shutdown()
+        server.server_close()
     assert code == 0
     records = read_stream(tmp_path / "logs")
     spikes = [r for r in records if r["type"] == "alert" and r["rule"] == "loss_spike"]
     assert [a["step"] for a in spikes] == [25]
     assert 0 <= parse_timestamp(spikes[0]["timestamp"]) - spike_time < 3
+    delivered = [(t, body) for t, body in received if body["alert"]["rule"] == "loss_spike"]
+    assert len(delivered) == 1 and delivered[0][1]["alert"]["step"] == 25
+    assert delivered[0][0] - spike_time < 5
 
 
 LOOPER = """
