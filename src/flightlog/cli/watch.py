@@ -1,10 +1,8 @@
-"""Follow a training run that knows nothing of flightlog and record it live.
-
-  flightlog watch OUTPUT_DIR          follow an ms-swift / HF / TensorBoard / text-log folder
-  flightlog watch -- COMMAND ARGS...  run the command, pass its output through, parse it
-
-The run is written to OUTPUT_DIR/logs (or --log-dir), shown on the console, and
-checked by the diagnosis rules as it trains."""
+"""Record a training run that knows nothing of flightlog, live. 'flightlog watch
+OUTPUT_DIR' follows an ms-swift, HF, TensorBoard or text-log folder; 'flightlog watch --
+COMMAND ARGS...' runs the command, passes its output through unchanged and parses it.
+The run is written to OUTPUT_DIR/logs (or --log-dir), shown on the console and checked
+by the diagnosis rules as it trains (docs/importers.md)."""
 
 from __future__ import annotations
 
