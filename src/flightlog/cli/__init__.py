@@ -15,6 +15,7 @@ from typing import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flightlog.cli.demo", "run a real tiny training on the CPU, recorded by flightlog"),
+    "watch": ("flightlog.cli.watch", "record a run that knows nothing of flightlog: follow OUTPUT_DIR, or run -- COMMAND"),
     "doctor": ("flightlog.cli.doctor", "replay the diagnosis rules over a run and explain what happened"),
     "alerts": ("flightlog.cli.alerts", "alerting helpers: prometheus-rules writes Prometheus alerting rules"),
     "index": ("flightlog.cli.index", "add the runs found under folders to the run index"),
