@@ -253,10 +253,11 @@ class TestScan:
         (tmp_path / "exp" / "swift" / "v0-20260101" / "logging.jsonl").write_text('{"loss": 1.0}\n')
         with RunIndex() as index:
             result = scan([tmp_path / "exp", tmp_path / "nope"], index)
-            assert sorted(index.get(r)["name"] for r in result.indexed) == ["lora-r16", "lora-r8"]
+            # the ms-swift folder is indexed through the importers
+            assert sorted(index.get(r)["name"] for r in result.indexed) == ["lora-r16", "lora-r8", "v0-20260101"]
             assert index.get("lora-r8")["checkpoints"] == [str(ckpt)]
         assert {Path(f).name for f, _ in result.errors} == {"logs", "nope"}
-        assert [Path(f).name for f in result.foreign_unhandled] == ["v0-20260101"]
+        assert result.foreign_unhandled == []
 
     def test_crashed_run_recognised_and_summarised_from_stream(self, tmp_path):
         """A run killed with SIGKILL is 'crashed' once its heartbeat is stale; best/final come from its stream."""
@@ -329,10 +330,39 @@ def test_foreign_folders_through_the_importer_seam(tmp_path, monkeypatch):
     assert run["final"]["loss"] == 1.7 and run["status"] == "unknown"
 
 
-def test_goal_rule_matches_the_writer():
-    """The store's better-direction rule is the writer's (the store may not import the pipeline)."""
-    from flightlog.pipeline.summary import metric_goal as writer_goal
-    from flightlog.store.summarize import metric_goal
+def test_goal_rule_is_the_protocols():
+    """The store, the writer and compare share one better-direction rule (protocol.metric_goal)."""
+    from flightlog.pipeline import summary
+    from flightlog.protocol import metric_goal
+    from flightlog.store import summarize
 
-    names = ["loss", "eval_loss", "eval_accuracy", "acc", "f1", "learning_rate", "step_time_s", "grad_norm", "reward", "mrr_10", "ppl", "throughput_samples_per_sec", "epoch"]
-    assert [metric_goal(n) for n in names] == [writer_goal(n) for n in names]
+    assert summary.metric_goal is metric_goal and summarize.metric_goal is metric_goal
+    names = ["loss", "eval_loss", "eval_accuracy", "learning_rate", "step_time_s", "epoch"]
+    assert [metric_goal(n) for n in names] == [-1, -1, 1, 0, 0, 0]
+
+def test_index_scans_ms_swift_and_hf_folders_through_the_importers(tmp_path):
+    """`flightlog index DIR` indexes an ms-swift run folder and an HF output folder via the real importers."""
+    from flightlog.store import scan as scan_module
+
+    assert scan_module.FOREIGN == ["flightlog.store.importers.index:index_entry"]
+    swift = tmp_path / "runs" / "swift-out" / "v0-20260101-000000"
+    swift.mkdir(parents=True)
+    lines = [
+        {"loss": 2.1, "grad_norm": 1.2, "learning_rate": 1e-4, "memory(GiB)": 14.2, "train_speed(iter/s)": 0.5, "epoch": 0.09, "global_step/max_steps": "45/500"},
+        {"loss": 1.8, "grad_norm": 1.1, "learning_rate": 9e-5, "memory(GiB)": 14.3, "train_speed(iter/s)": 0.5, "epoch": 0.1, "global_step/max_steps": "50/500"},
+        {"eval_loss": 1.9, "eval_acc": 0.61, "epoch": 0.1, "global_step/max_steps": "50/500"},
+    ]
+    (swift / "logging.jsonl").write_text("".join(orjson.dumps(line).decode() + "\n" for line in lines))
+    hf = tmp_path / "runs" / "hf-out"
+    hf.mkdir(parents=True)
+    (hf / "trainer_state.json").write_text(orjson.dumps({
+        "global_step": 20, "max_steps": 20, "epoch": 1.0, "best_metric": None,
+        "log_history": [{"loss": 3.0, "learning_rate": 1e-3, "epoch": 0.5, "step": 10}, {"loss": 2.5, "learning_rate": 5e-4, "epoch": 1.0, "step": 20}],
+    }).decode())
+    with RunIndex() as index:
+        result = scan([tmp_path / "runs"], index)
+        assert result.foreign_unhandled == [] and len(result.indexed) == 2
+        runs = {r["source"]: r for r in (index.get(run_id) for run_id in result.indexed)}
+    assert runs["ms-swift"]["last_step"] == 50 and runs["ms-swift"]["best"]["loss"]["value"] == 1.8
+    assert runs["ms-swift"]["best"]["eval_acc"]["value"] == 0.61
+    assert runs["hf"]["last_step"] == 20 and runs["hf"]["final"]["loss"] == 2.5

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from flightlog.store.summarize import metric_goal
+    from flightlog.protocol import metric_goal
 
     runs = [find_run(ref) for ref in args.runs]
     if args.where:

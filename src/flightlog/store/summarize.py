@@ -3,34 +3,19 @@
 A run that finished has its summary in ``run.json``; a crashed run, a running run
 seen by ``flightlog index``, or an imported log has only its records. This gives the
 same shape as the writer's summary (``last_step``, ``last``, ``best``), ignoring
-records that a resume superseded (the reader hides them). The better-direction of a metric follows the
-writer's rule (``pipeline.summary.metric_goal``; the store may not import the
-pipeline, and a test keeps the two in agreement).
+records that a resume superseded (the reader hides them). The better-direction of a
+metric is the protocol's (``protocol.metric_goal``), the same rule the writer uses.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from flightlog.protocol import METRICS
+from flightlog.protocol import METRICS, metric_goal
 
-_LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|wer|cer|_time_s$|nll)")
-_HIGHER_IS_BETTER = re.compile(r"(acc|f1|bleu|rouge|mrr|recall|precision|auc|ndcg|map_|reward|exact_match|score)")
 _ENVELOPE = frozenset({"type", "timestamp", "run_id", "step", "epoch"})
-
-
-def metric_goal(name: str) -> int:
-    """-1 when smaller is better (losses), +1 when larger is better (accuracies), else 0."""
-    if name in _ENVELOPE or "learning_rate" in name or "time" in name:
-        return 0
-    if _LOWER_IS_BETTER.search(name):
-        return -1
-    if _HIGHER_IS_BETTER.search(name):
-        return 1
-    return 0
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
