@@ -89,6 +89,27 @@ BAD_VALUES = [
     ("model_name", 3, "a string"),
     ("dataset", 3, "a string"),
     ("log_dir", 3, "a path"),
+    ("rules", 3, "true, false, a path to a rules YAML file or a mapping"),
+    ("notify", "https://hooks.slack.com/x", "a list of URLs or mappings"),
+    # optional sinks (tests/test_sinks_prometheus.py covers more)
+    ("tensorboard_dir", "", "a non-empty path or null"),
+    ("histogram_interval", 0, "an integer >= 1"),
+    ("prometheus_host", "", "a host name or IP address"),
+    ("prometheus_port", 70000, "an integer port 0..65535"),
+    ("prometheus_token", 12345678, "a string of at least 8 characters"),
+    ("wandb_project", "", "a non-empty string or null"),
+    ("mlflow_tracking_uri", "", "a non-empty URI or null"),
+    ("mlflow_experiment", 3, "a non-empty string or null"),
+    ("dist_mode", "all", "one of reduce, figures, off"),
+    ("dist_policy", {"loss": "avg"}, "a mapping of metric name or glob to one of mean, sum, max, min, rank0"),
+    ("dist_weight", "", "a metric name or null"),
+    ("dist_timeout", 0, "a number of seconds > 0"),
+    ("dist_on_failure", "ignore", "one of raise, continue"),
+    ("rank_streams", "yes", "true or false"),
+    ("straggler_margin", -0.1, "a fraction > 0"),
+    ("straggler_patience", 0, "an integer >= 1"),
+    # run index (tests/test_index.py covers more)
+    ("index", "yes", "true or false"),
 ]
 
 

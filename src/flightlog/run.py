@@ -44,7 +44,7 @@ from flightlog.protocol import (
 )
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
-from flightlog.sinks import build_sink
+from flightlog.sinks import build_sinks
 from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot
 
 OnLogHook = Callable[[dict[str, Any], int], Any]
@@ -79,7 +79,7 @@ class Run:
         self.output_dir = Path(config.output_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-        previous = read_run_file(self.log_dir)
+        previous = self._read_previous()
         if previous and config.run_id and previous.get("run_id") != config.run_id:
             raise ConfigError(
                 f"flightlog config: log_dir {str(self.log_dir)!r} already holds run {previous.get('run_id')!r}; "
@@ -111,7 +111,7 @@ class Run:
         self.queue = RecordQueue(config.queue_size, config.on_full)
         self._items = self.queue._items
         self._maxsize = config.queue_size
-        self.sinks = [build_sink(s, config, self.log_dir) if isinstance(s, str) else s for s in config.sinks]
+        self.sinks = build_sinks(config.sinks, config, self.log_dir)
         self.writer = Writer(
             self.queue,
             self.sinks,
@@ -123,6 +123,14 @@ class Run:
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
         )
+        # --- diagnosis rules (writer-thread processor + stall timer); see flightlog.rules.actions
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.rules = None
+        if config.rules is not False:
+            from flightlog.rules import attach
+
+            self.rules = attach(self)
 
         from flightlog import context
 
@@ -155,8 +163,9 @@ class Run:
         }
         if self._redactor is not None:
             meta = self._redactor.redact_nested(meta)
-        self.run_file = RunFile(self.log_dir, meta)
+        self.run_file = self._open_run_file(meta)
         self.run_file.update(fsync=True)
+        self._update_index({})
 
         self._finished = False
         self._finish_lock = threading.Lock()
@@ -182,6 +191,14 @@ class Run:
         if config.install_signal_handlers:
             self._install_signal_handlers()
         atexit.register(self._at_exit)
+
+    def _read_previous(self) -> dict[str, Any] | None:
+        """The run.json already in the log directory (a distributed follower gets rank 0's instead)."""
+        return read_run_file(self.log_dir)
+
+    def _open_run_file(self, meta: dict[str, Any]) -> RunFile:
+        """The writer of run.json (a distributed follower gets one that writes nothing)."""
+        return RunFile(self.log_dir, meta)
 
     # ------------------------------------------------------------------ hot path
     def log(self, metrics: Mapping[str, Any], step: int | None = None, epoch: float | None = None) -> None:
@@ -340,6 +357,8 @@ class Run:
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
         self._maxsize = -1  # every later record takes the slow path, which refuses it
         closed = self.writer.close(timeout)
+        if self.rules is not None:
+            self.rules.close()
         end = format_timestamp(_time())
         self.run_file.update(
             fsync=True,
@@ -350,6 +369,7 @@ class Run:
             **self._counters(),
             **({} if closed else {"writer_timeout": True}),
         )
+        self._update_index(None)
         self._restore_signal_handlers()
         try:
             atexit.unregister(self._at_exit)
@@ -374,6 +394,19 @@ class Run:
 
     def _heartbeat(self, writer: Writer) -> None:
         self.run_file.update(status="running", last_step=self.summary.last_step, **self._counters())
+        summary = self.summary.summary()
+        self._update_index(self._redactor.redact_nested(summary) if self._redactor else summary)
+
+    def _update_index(self, summary: dict[str, Any] | None) -> None:
+        """Keep this run current in the run index (``flightlog ls``); an index failure never reaches training."""
+        if not self.config.index:
+            return
+        try:
+            from flightlog.store.index import upsert_run
+
+            upsert_run(self.run_file.meta, summary)
+        except Exception:
+            pass
 
     def __enter__(self) -> "Run":
         return self
@@ -468,7 +501,13 @@ def init(
         global _previous_excepthook
         _previous_excepthook = sys.excepthook
         sys.excepthook = _excepthook
-    run = Run(config, processors=processors, on_log=on_log)
+    run = None
+    if "torch.distributed" in sys.modules:  # never import torch here: only a loaded one can have a group
+        from flightlog.dist import start_run
+
+        run = start_run(config, processors=processors, on_log=on_log)
+    if run is None:
+        run = Run(config, processors=processors, on_log=on_log)
     _current = run
     return run
 

@@ -23,7 +23,7 @@ from flightlog.pipeline.queue import RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.protocol import EVENT, METRICS, format_timestamp
 from flightlog.sinks.base import Sink
-from flightlog.values import resolve_record
+from flightlog.values import _NUMBER_TYPES, resolve_record
 
 CHUNK = 256  # records finished per pass; small enough to release the GIL often
 ERROR_REPORT_INTERVAL = 60.0  # seconds between repeated reports of the same failure
@@ -76,6 +76,7 @@ class Writer:
         self._flush_done = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed_sinks = False
+        self._closed_ids: set[int] = set()
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -159,19 +160,25 @@ class Writer:
         fmt = format_timestamp
         out: list[Record] = []
         problems: list[str] = []
-        summary = self.summary
+        observe = self.summary.observe
+        plain_chain = not self.processors and not self.observers
+        numbers = _NUMBER_TYPES
         for kind, t, step, epoch, fields in items:
-            has_text = resolve_record(fields, problems)
-            if problems:
-                self._values_rejected(problems)
+            values = fields.values()
+            if numbers.issuperset(map(type, values)) and (total := sum(values)) - total == 0:
+                has_text = False  # finite numbers only: nothing to resolve (inlined fast path)
+            else:
+                has_text = resolve_record(fields, problems)
+                if problems:
+                    self._values_rejected(problems)
             record: Record = {"type": kind, "timestamp": fmt(t), "run_id": run_id}
             if step is not None:
                 record["step"] = step
             if epoch is not None:
                 record["epoch"] = epoch
             record.update(fields)
-            if kind == METRICS and not has_text and not self.processors and not self.observers:
-                summary.observe(record)  # the common case: numbers only, nothing to redact
+            if kind == METRICS and not has_text and plain_chain:
+                observe(record)  # the common case: numbers only, nothing to redact
                 out.append(record)
             else:
                 kept = self._stages(record, has_text or kind != METRICS)
@@ -235,6 +242,8 @@ class Writer:
 
     def _write(self, batch: list[Record]) -> None:
         for sink in self.sinks:
+            if self._closed_ids and id(sink) in self._closed_ids:
+                continue
             try:
                 sink.write(batch)
             except Exception as exc:
@@ -258,7 +267,10 @@ class Writer:
             self._drain()
         except Exception:
             pass
-        for sink in self.sinks:
+        # Last sink first: the first one (train.jsonl) closes last, so it still records
+        # the others' close failures; a closed sink gets no more writes.
+        for sink in reversed(self.sinks):
+            self._closed_ids.add(id(sink))
             try:
                 sink.close()
             except Exception as exc:
