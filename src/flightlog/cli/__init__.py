@@ -15,6 +15,7 @@ from typing import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flightlog.cli.demo", "run a real tiny training on the CPU, recorded by flightlog"),
+    "resume": ("flightlog.cli.resume", "print (or --run) the command resuming a run from its newest valid checkpoint"),
 }
 
 
