@@ -38,7 +38,7 @@ def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--output-dir", required=True)
     p.add_argument("--steps", type=int, default=30)
@@ -50,7 +50,7 @@ def main() -> int:
     p.add_argument("--kill-at", type=int, default=None, help="SIGKILL right after logging this step (before its save)")
     p.add_argument("--kill-in-save", default=None, help="STEP:N: SIGKILL after the N-th stage of the save at STEP")
     p.add_argument("--final", default=None, help="write the final model and optimizer state here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -63,10 +63,9 @@ def main() -> int:
 
     kill_step, kill_stage = (int(v) for v in args.kill_in_save.split(":")) if args.kill_in_save else (None, None)
     stages = []
-    current = {"step": 0}
 
-    def progress(stage: str) -> None:
-        if current["step"] == kill_step:
+    def progress(step: int, stage: str) -> None:
+        if step == kill_step:
             stages.append(stage)
             if len(stages) == kill_stage:
                 kill_self()
@@ -96,7 +95,6 @@ def main() -> int:
             if step == args.kill_at:
                 run.flush()
                 kill_self()
-            current["step"] = step
             mgr.step(step, metrics={"loss": loss.item()})
             if step >= args.steps:
                 break
@@ -107,5 +105,50 @@ def main() -> int:
     return 0
 
 
+def chain(plan_file: str, report_file: str) -> int:
+    """Run several launches of ``main`` in forked children (torch is imported once, which
+    keeps the tests fast) and report, after each, how it ended and what a resume would pick.
+
+    Each child is a real separate process; a kill is a real SIGKILL of that process.
+    """
+    import json
+
+    from flightlog.checkpoint import find_latest_valid
+
+    plan = json.loads(open(plan_file).read())
+    report = []
+    for argv in plan:
+        pid = os.fork()
+        if pid == 0:
+            # The command a user would have typed: the kill is an outside event, not part of it.
+            from flightlog.checkpoint.resume import with_resume_arg
+
+            sys.argv = [os.path.abspath(__file__), *with_resume_arg(with_resume_arg(argv, "--kill-at", None), "--kill-in-save", None)]
+            try:
+                code = main(argv)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        out = argv[argv.index("--output-dir") + 1]
+        latest, skipped = find_latest_valid(out)
+        report.append({
+            "argv": argv,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "rc": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "latest": latest.name if latest else None,
+            "skipped": [[v.path.name, v.reason] for v in skipped],
+            "entries": sorted(p for p in os.listdir(out)),
+        })
+    with open(report_file, "w") as fh:
+        json.dump(report, fh, indent=1)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--chain"]:
+        sys.exit(chain(sys.argv[2], sys.argv[3]))
     sys.exit(main())

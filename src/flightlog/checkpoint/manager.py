@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightlog.checkpoint.atomic import CheckpointWriter, Committed, Progress, sweep_leftovers
+from flightlog.checkpoint.atomic import CheckpointWriter, Committed, sweep_leftovers
 from flightlog.checkpoint.data import set_epoch, skip_batches
 from flightlog.checkpoint.find import TRAINER_STATE, Verdict, checkpoint_dir, find_latest_valid, validate
 from flightlog.checkpoint.retention import apply_retention
@@ -97,6 +97,7 @@ class CheckpointManager:
     has one (torchdata's ``StatefulDataLoader``); otherwise the position is the epoch
     and the batches consumed, tracked by :meth:`epoch_batches`. ``extra`` names more
     objects with ``state_dict``/``load_state_dict`` (an EMA, a custom sampler).
+    ``progress(step, stage)`` is called as a save proceeds (see ``CheckpointWriter``).
     """
 
     def __init__(
@@ -118,7 +119,7 @@ class CheckpointManager:
         max_steps: int | None = None,
         config: Mapping[str, Any] | None = None,
         run: Any = None,
-        progress: Progress | None = None,
+        progress: Callable[[int, str], None] | None = None,
     ) -> None:
         if type(save_steps) is not int or save_steps < 1:
             raise ValueError(f"flightlog: save_steps must be an integer >= 1, got {save_steps!r}")
@@ -184,17 +185,27 @@ class CheckpointManager:
         from flightlog.checkpoint.continuity import ContinuityCheck
         from flightlog.checkpoint.resume import record_launch
 
+        from flightlog.config import build_config
+        from flightlog.runfile import read_run_file
+
         path, skipped = self.find()
         step = validate(path).step if path is not None else None
         init_kwargs.setdefault("output_dir", str(self.output_dir))
         if self.max_steps is not None:
             init_kwargs.setdefault("max_steps", self.max_steps)
         continuity = init_kwargs.pop("continuity_steps", 10)
+        restarted = False
+        if step is None and read_run_file(build_config(**init_kwargs).resolved_log_dir) is not None:
+            # The run was started before but left no valid checkpoint: it starts over, and
+            # everything the earlier segments logged is superseded.
+            step, restarted = 0, True
         run = flightlog.init(resumed_from_step=step, **init_kwargs)
         self.run = run
         record_launch(self.output_dir, run=run)
         for verdict in skipped:
             report_rejected(run, verdict)
+        if restarted:
+            run.event(f"No valid checkpoint in '{self.output_dir}': starting again from step 0", level="WARNING", source="flightlog/checkpoint")
         if path is not None:
             self.restore(path)
             if continuity:
@@ -344,7 +355,8 @@ class CheckpointManager:
     def _write(self, final: Path, step: int, state: dict[str, Any], blocking: float | None) -> None:
         import torch
 
-        writer = CheckpointWriter(final, step=step, progress=self.progress)
+        user_progress = self.progress
+        writer = CheckpointWriter(final, step=step, progress=(lambda stage: user_progress(step, stage)) if user_progress else None)
         try:
             save = lambda obj: (lambda path: torch.save(obj, path))  # noqa: E731
             writer.write_with(ADAPTER_WEIGHTS if self.adapter_only else WEIGHTS, save(state["weights"]))

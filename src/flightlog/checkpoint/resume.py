@@ -119,8 +119,9 @@ def _script_text(output_dir: Path, record: dict[str, Any]) -> str:
         "# Recorded launch command:\n"
         f"#   cd {shlex.quote(record['cwd'])} && {shlex.join(record['argv'])}\n"
         "set -euo pipefail\n"
+        f"cd {shlex.quote(record['cwd'])}\n"
         f"{exports}"
-        f"exec {shlex.quote(record['python'])} -m flightlog resume {shlex.quote(str(output_dir.resolve()))} --run \"$@\"\n"
+        f"exec {shlex.quote(record['python'])} -m flightlog resume {shlex.quote(str(output_dir.resolve()))} --run --args \"$@\"\n"
     )
 
 

@@ -12,6 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output_dir", help="the trainer's output directory (holds checkpoint-N/ and resume.sh)")
     parser.add_argument("--run", action="store_true", help="execute the command instead of printing it")
     parser.add_argument("--checkpoint", help="resume from this checkpoint instead of the newest valid one")
+    parser.add_argument("--args", dest="extra", nargs=argparse.REMAINDER, default=[], help="everything after --args is appended to the command")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -22,6 +23,7 @@ def main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
+    argv = argv + list(args.extra or [])
     for verdict in skipped:
         print(f"skipped {verdict.path}: {verdict.reason}", file=sys.stderr)
     if found is None:
