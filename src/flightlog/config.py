@@ -9,7 +9,6 @@ value came from and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,9 @@ RESERVED_ENV = frozenset({"FLIGHTLOG_HOME", "FLIGHTLOG_CONFIG", "FLIGHTLOG_TOKEN
 FSYNC_POLICIES = ("never", "flush", "finish")
 FULL_POLICIES = ("block", "drop_oldest")
 CONSOLE_STREAMS = ("stdout", "stderr")
+DIST_MODES = ("reduce", "figures", "off")
+DIST_REDUCE_OPS = ("mean", "sum", "max", "min", "rank0")
+DIST_ON_FAILURE = ("raise", "continue")
 
 
 class ConfigError(ValueError):
@@ -86,6 +88,40 @@ class Config:
     console_stream: str = "stdout"
     install_signal_handlers: bool = True
     """Flush and mark the run on SIGTERM/SIGINT (main thread only)."""
+    # --- optional sinks (docs/sinks.md)
+    tensorboard_dir: str | None = None
+    """Where the tensorboard sink writes event files (default ``LOG_DIR/tensorboard``)."""
+    histogram_interval: int = 100
+    """Steps between weight histograms (``flightlog.sinks.histograms.log_lora_histograms``)."""
+    prometheus_host: str = "127.0.0.1"
+    """Address the prometheus sink's ``/metrics`` binds; anything but loopback needs a token."""
+    prometheus_port: int = 9464
+    """Port of the prometheus sink's ``/metrics``; 0 picks a free one."""
+    prometheus_token: str | None = None
+    """Bearer token scrapers must send (default: ``FLIGHTLOG_TOKEN``); required off loopback."""
+    wandb_project: str | None = None
+    """W&B project of the wandb sink (default: ``WANDB_PROJECT``, else ``flightlog``)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow store of the mlflow sink (default: ``MLFLOW_TRACKING_URI``, else ``sqlite:///LOG_DIR/mlflow.db``)."""
+    mlflow_experiment: str | None = None
+    """MLflow experiment (default: ``MLFLOW_EXPERIMENT_NAME``, else ``flightlog``)."""
+    dist_mode: str = "reduce"
+    """Under torch.distributed: reduce (metrics reduced across ranks + per-rank figures), figures (rank 0's
+    values as they are, e.g. already reduced by the trainer, + per-rank figures), off (no collectives)."""
+    dist_policy: dict[str, str] = field(default_factory=dict)
+    """Metric name or glob -> mean, sum, max, min or rank0; defaults: *memory* max, throughput_* sum, others mean."""
+    dist_weight: str | None = None
+    """A metric holding each rank's sample or token count: means are weighted by it (it is summed)."""
+    dist_timeout: float = 600.0
+    """Seconds flightlog's collectives wait for the other ranks before naming the rank that stopped answering."""
+    dist_on_failure: str = "raise"
+    """After a failed collective: raise (log() raises DistributedTimeout) or continue (rank-local values)."""
+    rank_streams: bool = False
+    """Every rank also writes its own, unreduced records to ``rank-N.jsonl`` (rank, host, node address)."""
+    straggler_margin: float = 0.2
+    """A rank slower than the others' median step time by more than this fraction is lagging."""
+    straggler_patience: int = 3
+    """Logging steps in a row the same rank must lag before a straggler alert."""
 
     def __post_init__(self) -> None:
         validate(self, {})
@@ -159,6 +195,25 @@ RULES: dict[str, tuple[Any, str]] = {
     "heartbeat_interval": (_positive_number, "a number of seconds > 0"),
     "console_stream": (_choice(*CONSOLE_STREAMS), "one of " + ", ".join(CONSOLE_STREAMS)),
     "install_signal_handlers": (lambda v: type(v) is bool, "true or false"),
+    "tensorboard_dir": (_optional(lambda v: isinstance(v, (str, os.PathLike)) and str(v) != ""), "a non-empty path or null"),
+    "histogram_interval": (_positive_int, "an integer >= 1"),
+    "prometheus_host": (lambda v: isinstance(v, str) and v != "" and not any(c.isspace() for c in v), "a host name or IP address"),
+    "prometheus_port": (lambda v: type(v) is int and 0 <= v <= 65535, "an integer port 0..65535 (0 = any free port)"),
+    "prometheus_token": (_optional(lambda v: isinstance(v, str) and len(v) >= 8), "a string of at least 8 characters, or null"),
+    "wandb_project": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string or null"),
+    "mlflow_tracking_uri": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty URI or null"),
+    "mlflow_experiment": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string or null"),
+    "dist_mode": (_choice(*DIST_MODES), "one of " + ", ".join(DIST_MODES)),
+    "dist_policy": (
+        lambda v: isinstance(v, Mapping) and all(isinstance(k, str) and k and p in DIST_REDUCE_OPS for k, p in v.items()),
+        "a mapping of metric name or glob to one of " + ", ".join(DIST_REDUCE_OPS),
+    ),
+    "dist_weight": (_optional(lambda v: isinstance(v, str) and v != ""), "a metric name or null"),
+    "dist_timeout": (_positive_number, "a number of seconds > 0"),
+    "dist_on_failure": (_choice(*DIST_ON_FAILURE), "one of " + ", ".join(DIST_ON_FAILURE)),
+    "rank_streams": (lambda v: type(v) is bool, "true or false"),
+    "straggler_margin": (_positive_number, "a fraction > 0 (0.2 = 20% slower)"),
+    "straggler_patience": (_positive_int, "an integer >= 1"),
 }
 assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
 
@@ -169,10 +224,13 @@ def validate(config: Config, sources: Mapping[str, str]) -> None:
         value = getattr(config, key)
         if not check(value):
             where = f" (from {sources[key]})" if key in sources else ""
-            raise ConfigError(f"flightlog config: {key}={value!r}{where} is not allowed; expected {allowed}")
+            shown = "<hidden>" if key.endswith("_token") and isinstance(value, str) else repr(value)  # never echo a secret
+            raise ConfigError(f"flightlog config: {key}={shown}{where} is not allowed; expected {allowed}")
 
 
 def _unknown_key(key: str, source: str) -> ConfigError:
+    import difflib
+
     close = difflib.get_close_matches(key, FIELDS, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return ConfigError(

@@ -23,7 +23,8 @@ EVENT: Final = "event"
 ALERT: Final = "alert"
 CHECKPOINT: Final = "checkpoint"
 RUN_END: Final = "run_end"
-RECORD_TYPES: Final = frozenset({RUN_START, METRICS, EVENT, ALERT, CHECKPOINT, RUN_END})
+HISTOGRAMS: Final = "histograms"  # weight histograms (flightlog.sinks.histograms)
+RECORD_TYPES: Final = frozenset({RUN_START, METRICS, EVENT, ALERT, CHECKPOINT, RUN_END, HISTOGRAMS})
 
 # Fields every record carries, in the order they are written.
 ENVELOPE: Final = ("type", "timestamp", "run_id", "step", "epoch")
@@ -107,13 +108,16 @@ def make_finite(value: Any) -> Any:
     return value
 
 
+ENCODE_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+
+
 def encode(record: dict[str, Any]) -> bytes:
     """One strict-JSON line (with the newline) for a record whose values are JSON-ready.
 
     The caller guarantees non-finite floats were already turned into strings
     (the writer's resolve step does this in the same pass that resolves tensors).
     """
-    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(record, option=ENCODE_OPTIONS)
 
 
 def dumps(obj: Any) -> bytes:

@@ -64,32 +64,61 @@ def hash_value(value: Any) -> str:
     return "sha256:" + hashlib.sha256(str(value).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+# Fields flightlog itself writes; never secrets, and scanning them on every record is waste.
+_OWN_FIELDS = frozenset({"type", "timestamp", "run_id", "step", "epoch", "level", "source", "stage", "precision"})
+
+
 class Redactor:
-    """The redaction processor: ``record -> record``, applied in place."""
+    """The redaction processor: ``record -> record``, applied in place.
+
+    Metrics records are mostly numbers, so the common path is one type check per value;
+    text is only scanned for string values, and key verdicts are cached.
+    """
 
     def __init__(self, drop: Iterable[str] = (), hash_fields: Iterable[str] = ()) -> None:
         self.drop = frozenset(drop)
         self.hash_fields = frozenset(hash_fields)
+        self._special = self.drop | self.hash_fields
+        self._secret_keys: dict[str, bool] = {}
+
+    def _is_secret(self, key: str) -> bool:
+        verdict = self._secret_keys.get(key)
+        if verdict is None:
+            verdict = is_secret_key(key)
+            if len(self._secret_keys) < 10_000:  # bounded: keys can be user-made
+                self._secret_keys[key] = verdict
+        return verdict
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        drop, hashed = self.drop, self.hash_fields
+        special = self._special
         doomed = None
         for key, value in record.items():
-            if key in drop:
-                doomed = (doomed or []) + [key]
-            elif key in hashed:
-                record[key] = hash_value(value)
-            elif type(value) is str:
-                if is_secret_key(key):
+            kind = type(value)
+            if kind is float or kind is int or kind is bool or value is None:
+                if special and key in special:
+                    doomed = self._special_field(record, key, value, doomed)
+                continue
+            if key in _OWN_FIELDS:
+                continue
+            if special and key in special:
+                doomed = self._special_field(record, key, value, doomed)
+            elif kind is str:
+                if self._is_secret(key):
                     record[key] = MASK
                 elif len(value) >= 8:
                     record[key] = redact_text(value)
-            elif type(value) is dict or type(value) is list:
+            elif kind is dict or kind is list:
                 record[key] = self.redact_nested(value, key)
         if doomed:
             for key in doomed:
                 del record[key]
         return record
+
+    def _special_field(self, record: dict[str, Any], key: str, value: Any, doomed: list[str] | None) -> list[str] | None:
+        if key in self.drop:
+            return (doomed or []) + [key]
+        record[key] = hash_value(value)
+        return doomed
 
     def redact_nested(self, value: Any, key: str = "") -> Any:
         """Redact a value found under ``key`` (config dicts, lists of strings...)."""

@@ -44,8 +44,8 @@ from flightlog.protocol import (
 )
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
-from flightlog.sinks import build_sink
-from flightlog.values import PLAIN_TYPES, snapshot
+from flightlog.sinks import build_sinks
+from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot
 
 OnLogHook = Callable[[dict[str, Any], int], Any]
 
@@ -79,7 +79,7 @@ class Run:
         self.output_dir = Path(config.output_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
-        previous = read_run_file(self.log_dir)
+        previous = self._read_previous()
         if previous and config.run_id and previous.get("run_id") != config.run_id:
             raise ConfigError(
                 f"flightlog config: log_dir {str(self.log_dir)!r} already holds run {previous.get('run_id')!r}; "
@@ -105,22 +105,20 @@ class Run:
 
         # --- pipeline
         self.summary = SummaryTracker()
-        chain: list[Processor] = list(processors)
         self._redactor = Redactor(config.redact_drop, config.redact_hash) if (
             config.redact or config.redact_drop or config.redact_hash
         ) else None
-        if self._redactor is not None:
-            chain.append(self._redactor)
-        chain.append(self.summary)
-        self._user_processors = len(chain) - 1 - (self._redactor is not None)
         self.queue = RecordQueue(config.queue_size, config.on_full)
-        self._put = self.queue.put
-        self.sinks = [build_sink(s, config, self.log_dir) if isinstance(s, str) else s for s in config.sinks]
+        self._items = self.queue._items
+        self._maxsize = config.queue_size
+        self.sinks = build_sinks(config.sinks, config, self.log_dir)
         self.writer = Writer(
             self.queue,
             self.sinks,
             run_id=self.run_id,
-            processors=chain,
+            processors=processors,
+            redactor=self._redactor,
+            summary=self.summary,
             flush_interval=config.flush_interval,
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
@@ -157,7 +155,7 @@ class Run:
         }
         if self._redactor is not None:
             meta = self._redactor.redact_nested(meta)
-        self.run_file = RunFile(self.log_dir, meta)
+        self.run_file = self._open_run_file(meta)
         self.run_file.update(fsync=True)
 
         self._finished = False
@@ -185,6 +183,14 @@ class Run:
             self._install_signal_handlers()
         atexit.register(self._at_exit)
 
+    def _read_previous(self) -> dict[str, Any] | None:
+        """The run.json already in the log directory (a distributed follower gets rank 0's instead)."""
+        return read_run_file(self.log_dir)
+
+    def _open_run_file(self, meta: dict[str, Any]) -> RunFile:
+        """The writer of run.json (a distributed follower gets one that writes nothing)."""
+        return RunFile(self.log_dir, meta)
+
     # ------------------------------------------------------------------ hot path
     def log(self, metrics: Mapping[str, Any], step: int | None = None, epoch: float | None = None) -> None:
         """Record metrics for a step. Only enqueues: no I/O, no encoding, no device sync.
@@ -203,13 +209,27 @@ class Run:
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"flightlog: log() takes a dict of metrics, got {type(metrics).__name__}")
         data = dict(metrics)
-        for value in data.values():
-            if type(value) not in PLAIN_TYPES:
-                data = snapshot(data)
-                break
+        if not _PLAIN.issuperset(map(type, data.values())):
+            data = snapshot(data)
         if self._hooks:
             self._run_hooks(data, step)
-        self._put((METRICS, _time(), step, epoch, data))
+        items = self._items
+        if len(items) >= self._maxsize and not self._make_room():
+            return
+        items.append((METRICS, _time(), step, epoch, data))
+
+    def _make_room(self) -> bool:
+        """The queue is full, or the run is finished (maxsize -1): apply the policy."""
+        if self._finished:
+            self._after_finish(None)
+            return False
+        self.queue.make_room()
+        return True
+
+    def _put(self, item: Any) -> None:
+        if len(self._items) >= self._maxsize and not self._make_room():
+            return
+        self._items.append(item)
 
     @staticmethod
     def _coerce_step(step: Any) -> int:
@@ -293,8 +313,11 @@ class Run:
 
     def add_processor(self, processor: Processor) -> None:
         """Add a writer-thread processor; it runs after the ones given to ``init``, before redaction."""
-        self.writer.processors.insert(self._user_processors, processor)
-        self._user_processors += 1
+        self.writer.processors = [*self.writer.processors, processor]
+
+    def add_observer(self, observer: Processor) -> None:
+        """Add a writer-thread stage that sees records after redaction (diagnosis rules, exporters)."""
+        self.writer.observers = [*self.writer.observers, observer]
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self, timeout: float | None = 10.0) -> bool:
@@ -323,7 +346,7 @@ class Run:
         if summary:
             final.update(summary)
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
-        self._put = self._after_finish
+        self._maxsize = -1  # every later record takes the slow path, which refuses it
         closed = self.writer.close(timeout)
         end = format_timestamp(_time())
         self.run_file.update(
@@ -453,7 +476,13 @@ def init(
         global _previous_excepthook
         _previous_excepthook = sys.excepthook
         sys.excepthook = _excepthook
-    run = Run(config, processors=processors, on_log=on_log)
+    run = None
+    if "torch.distributed" in sys.modules:  # never import torch here: only a loaded one can have a group
+        from flightlog.dist import start_run
+
+        run = start_run(config, processors=processors, on_log=on_log)
+    if run is None:
+        run = Run(config, processors=processors, on_log=on_log)
     _current = run
     return run
 

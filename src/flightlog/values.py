@@ -14,6 +14,8 @@ from typing import Any
 
 # Types that need no snapshot and no resolution beyond the non-finite check.
 PLAIN_TYPES = frozenset({float, int, bool, str, type(None)})
+# Small vectors (per-expert load, a few quantiles) are logged as lists; bigger ones are refused.
+MAX_ELEMENTS = 64
 
 
 class PendingTensor:
@@ -74,6 +76,11 @@ def resolve_value(value: Any, key: str) -> Any:
     if kind in PLAIN_TYPES:
         return value
     if kind is PendingTensor:
+        if value.host.numel() > MAX_ELEMENTS:
+            raise UnsupportedValue(
+                f"metric {key!r}: tensor of shape {tuple(value.host.shape)} is too large to log as a value "
+                "(log a scalar or a summary such as its mean)"
+            )
         return resolve_value(value.resolve(), key)
     if kind is dict:
         return {str(k): resolve_value(v, f"{key}.{k}") for k, v in value.items()}
@@ -83,18 +90,13 @@ def resolve_value(value: Any, key: str) -> Any:
     if module == "numpy":
         if getattr(value, "ndim", 1) == 0 or not hasattr(value, "ndim"):
             return resolve_value(value.item(), key)
-        if value.size <= 64:
+        if value.size <= MAX_ELEMENTS:
             return resolve_value(value.tolist(), key)
         raise UnsupportedValue(
             f"metric {key!r}: numpy array of shape {tuple(value.shape)} is too large to log as a value "
             "(log a scalar or a summary such as its mean)"
         )
     if module.startswith("torch"):
-        if getattr(value, "numel", None) and value.numel() > 64:
-            raise UnsupportedValue(
-                f"metric {key!r}: tensor of shape {tuple(value.shape)} is too large to log as a value "
-                "(log a scalar or a summary such as its mean)"
-            )
         return resolve_value(snapshot_value(value), key)
     if isinstance(value, float):  # float subclasses
         return resolve_value(float(value), key)
@@ -108,28 +110,48 @@ def resolve_value(value: Any, key: str) -> Any:
     )
 
 
-def resolve_record(record: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    """Resolve every value in place; unsupported values are dropped and described in ``problems``."""
+_NUMBER_TYPES = frozenset({float, int, bool})
+_TEXT_TYPES = (str, dict, list, tuple)
+
+
+def resolve_record(record: dict[str, Any], problems: list[str]) -> bool:
+    """Resolve every value in place; return whether any value is text or a container.
+
+    Unsupported values are dropped and described in ``problems``. The common case, a
+    dict of finite numbers, is decided with C-level calls only (``map(type, ...)`` and
+    ``sum``, whose result is finite exactly when every summand is, barring overflow,
+    which then just takes the slow path).
+    """
+    values = record.values()
+    if _NUMBER_TYPES.issuperset(map(type, values)):
+        total = sum(values)
+        if total - total == 0:
+            return False
     bad: list[str] = []
+    has_text = False
     for key, value in record.items():
         kind = type(value)
         if kind is float:
             if value - value != 0.0:
                 record[key] = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
             continue
-        if kind in PLAIN_TYPES:
+        if kind is int or kind is bool or value is None:
             continue
         try:
-            record[key] = resolve_value(value, key)
+            resolved = record[key] = resolve_value(value, key)
         except UnsupportedValue as exc:
             problems.append(str(exc))
             bad.append(key)
+            continue
         except Exception as exc:  # a tensor whose copy failed, a broken __float__ ...
             problems.append(f"metric {key!r}: could not be read ({type(exc).__name__}: {exc})")
             bad.append(key)
+            continue
+        if isinstance(resolved, _TEXT_TYPES):
+            has_text = True
     for key in bad:
         del record[key]
-    return record
+    return has_text
 
 
 def is_finite_number(value: Any) -> bool:

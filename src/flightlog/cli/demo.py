@@ -1,4 +1,4 @@
-"""Run a real tiny training on the CPU (a character-level model, about a minute),
+"""Run a real tiny training on the CPU (a character-level model, about a minute on 2 cores),
 recorded by flightlog: the console shows the seeds' view, and OUTPUT_DIR/logs holds
 train.jsonl and run.json afterwards."""
 
@@ -9,8 +9,8 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default="output/demo", help="the trainer's output directory (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
-    parser.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (default: %(default)s)")
+    parser.add_argument("--logging-steps", type=int, default=50, help="log every N steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -1,6 +1,6 @@
 """A tiny character-level language model trained on the CPU, recorded by flightlog.
 
-Real PyTorch training (an MLP over the last 8 characters of generated text, AdamW,
+Real PyTorch training (an MLP over the last 16 characters of generated text, AdamW,
 linear warmup then cosine decay, gradient clipping, a held-out evaluation) that shows
 the seeds' console view and leaves a complete run directory behind.
 """
@@ -41,13 +41,13 @@ def lr_at(step: int, base_lr: float, warmup: int, total: int) -> float:
 
 def train(
     output_dir: str | Path = "output/demo",
-    steps: int = 600,
-    batch_size: int = 64,
-    context: int = 8,
+    steps: int = 3000,
+    batch_size: int = 128,
+    context: int = 16,
     lr: float = 3e-3,
-    warmup: int = 30,
+    warmup: int = 100,
     logging_steps: int = 10,
-    eval_steps: int = 100,
+    eval_steps: int = 500,
     seed: int = 0,
     sinks: list[Any] | None = None,
 ) -> flightlog.Run:
@@ -56,7 +56,7 @@ def train(
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)
-    corpus = make_corpus(60_000, seed)
+    corpus = make_corpus(600_000, seed)
     vocab = sorted(set(corpus))
     index = {c: i for i, c in enumerate(vocab)}
     data = torch.tensor([index[c] for c in corpus], dtype=torch.long)
@@ -64,11 +64,13 @@ def train(
     train_data, eval_data = data[:split], data[split:]
 
     model = nn.Sequential(
-        nn.Embedding(len(vocab), 24),
+        nn.Embedding(len(vocab), 32),
         nn.Flatten(),
-        nn.Linear(24 * context, 192),
+        nn.Linear(32 * context, 512),
         nn.GELU(),
-        nn.Linear(192, len(vocab)),
+        nn.Linear(512, 512),
+        nn.GELU(),
+        nn.Linear(512, len(vocab)),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s + 1, 1.0, warmup, steps))

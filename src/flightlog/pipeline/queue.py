@@ -51,6 +51,18 @@ class RecordQueue:
             self.wake.set()
         items.append(item)
 
+    def make_room(self) -> None:
+        """Called by a producer that found the queue full: wait (block) or drop the oldest."""
+        if self.on_full == "block":
+            self._wait_for_space()
+        else:
+            try:
+                self._items.popleft()
+                self.dropped += 1
+            except IndexError:
+                pass
+            self.wake.set()
+
     def _wait_for_space(self) -> None:
         if not self._warned:
             self._warned = True
@@ -58,7 +70,7 @@ class RecordQueue:
                 f"flightlog: the record queue is full ({self.maxsize} records); log() waits for the writer. "
                 "Raise queue_size, log less often (logging_steps), or set on_full='drop_oldest'.",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         start = time.perf_counter()
         while len(self._items) >= self.maxsize:

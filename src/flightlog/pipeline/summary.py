@@ -1,7 +1,7 @@
 """The run's summary, kept up to date as records pass: last step, last and best values.
 
-A processor at the end of the chain (after redaction), so ``run_end`` and ``run.json``
-can say how the run ended without anyone re-reading the stream.
+Observed by the writer after redaction, so ``run_end`` and ``run.json`` can say how the
+run ended without anyone re-reading the stream.
 """
 
 from __future__ import annotations
@@ -28,10 +28,7 @@ def metric_goal(name: str) -> int:
 
 
 class SummaryTracker:
-    """Processor: ``record -> record`` that remembers last/best metric values."""
-
-    skip_emitted = True
-    __name__ = "summary"
+    """Remembers last and best metric values; ``observe`` is called by the writer per metrics record."""
 
     def __init__(self) -> None:
         self.last_step: Any = None
@@ -39,35 +36,34 @@ class SummaryTracker:
         self.best: dict[str, Any] = {}
         self.best_step: dict[str, Any] = {}
         self.metrics_records = 0
+        self._seen: set[str] = set()
         self._goals: dict[str, int] = {}
 
-    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        if record.get("type") != METRICS:
-            return record
+    def observe(self, record: dict[str, Any]) -> None:
         self.metrics_records += 1
         step = record.get("step")
         if step is not None:
             self.last_step = step
-        goals = self._goals
+        self.last.update(record)
+        if not self._seen.issuperset(record):
+            new = record.keys() - self._seen
+            self._seen.update(new)
+            for key in new:
+                if goal := metric_goal(key):
+                    self._goals[key] = goal
         best = self.best
-        for key, value in record.items():
-            goal = goals.get(key)
-            if goal is None:
-                goal = goals[key] = metric_goal(key)
-            if key in _SKIP:
-                continue
-            self.last[key] = value
-            if goal and type(value) in (int, float) and value == value:
+        for key, goal in self._goals.items():
+            value = record.get(key)
+            if type(value) in (int, float) and value == value:
                 old = best.get(key)
                 if old is None or (value < old if goal < 0 else value > old):
                     best[key] = value
                     self.best_step[key] = step
-        return record
 
     def summary(self) -> dict[str, Any]:
         return {
             "last_step": self.last_step,
             "metrics_records": self.metrics_records,
-            "last": dict(self.last),
+            "last": {k: v for k, v in self.last.items() if k not in _SKIP},
             "best": {k: {"value": v, "step": self.best_step.get(k)} for k, v in self.best.items()},
         }

@@ -20,9 +20,10 @@ from typing import Any, Callable, Iterable
 
 from flightlog.pipeline.processors import DropRecord, Processor, Record
 from flightlog.pipeline.queue import RecordQueue
-from flightlog.protocol import EVENT, format_timestamp
+from flightlog.pipeline.summary import SummaryTracker
+from flightlog.protocol import EVENT, METRICS, format_timestamp
 from flightlog.sinks.base import Sink
-from flightlog.values import resolve_record
+from flightlog.values import _NUMBER_TYPES, resolve_record
 
 CHUNK = 256  # records finished per pass; small enough to release the GIL often
 ERROR_REPORT_INTERVAL = 60.0  # seconds between repeated reports of the same failure
@@ -41,6 +42,9 @@ class Writer:
         *,
         run_id: str,
         processors: Iterable[Processor] = (),
+        redactor: Processor | None = None,
+        observers: Iterable[Processor] = (),
+        summary: SummaryTracker | None = None,
         flush_interval: float = 1.0,
         heartbeat: Callable[["Writer"], None] | None = None,
         heartbeat_interval: float = 10.0,
@@ -49,7 +53,11 @@ class Writer:
         self.queue = queue
         self.sinks: list[Sink] = list(sinks)
         self.run_id = run_id
+        # The chain: user processors -> redactor -> observers (rules...) -> summary -> sinks.
         self.processors: list[Processor] = list(processors)
+        self.redactor = redactor
+        self.observers: list[Processor] = list(observers)
+        self.summary = summary if summary is not None else SummaryTracker()
         self.flush_interval = flush_interval
         self.heartbeat = heartbeat
         self.heartbeat_interval = heartbeat_interval
@@ -68,6 +76,7 @@ class Writer:
         self._flush_done = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed_sinks = False
+        self._closed_ids: set[int] = set()
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -149,46 +158,74 @@ class Writer:
     def _finish(self, items: list[Item]) -> list[Record]:
         run_id = self.run_id
         fmt = format_timestamp
-        processors = self.processors
         out: list[Record] = []
         problems: list[str] = []
+        observe = self.summary.observe
+        plain_chain = not self.processors and not self.observers
+        numbers = _NUMBER_TYPES
         for kind, t, step, epoch, fields in items:
+            values = fields.values()
+            if numbers.issuperset(map(type, values)) and (total := sum(values)) - total == 0:
+                has_text = False  # finite numbers only: nothing to resolve (inlined fast path)
+            else:
+                has_text = resolve_record(fields, problems)
+                if problems:
+                    self._values_rejected(problems)
             record: Record = {"type": kind, "timestamp": fmt(t), "run_id": run_id}
             if step is not None:
                 record["step"] = step
             if epoch is not None:
                 record["epoch"] = epoch
             record.update(fields)
-            resolve_record(record, problems)
-            if problems:
-                self.rejected_values += len(problems)
-                for message in problems:
-                    self._report("values", message.split(":")[0], message + " (value dropped; the rest of the record was kept)")
-                problems.clear()
-            kept = self._process(record, processors)
-            if kept is None:
-                continue
-            out.append(kept)
+            if kind == METRICS and not has_text and plain_chain:
+                observe(record)  # the common case: numbers only, nothing to redact
+                out.append(record)
+            else:
+                kept = self._stages(record, has_text or kind != METRICS)
+                if kept is not None:
+                    out.append(kept)
             if self._emitted:
-                out.extend(self._take_emitted(processors))
+                out.extend(self._take_emitted())
         if self._emitted:
-            out.extend(self._take_emitted(processors))
+            out.extend(self._take_emitted())
         return out
 
-    def _take_emitted(self, processors: list[Processor]) -> list[Record]:
+    def _stages(self, record: Record, may_hold_text: bool, emitted: bool = False) -> Record | None:
+        """Processors, redaction (only where there is text to redact), observers, summary."""
+        processors = self.processors
+        if processors:
+            record = self._apply(record, processors)  # type: ignore[assignment]
+            if record is None:
+                return None
+            may_hold_text = True  # a processor may have added text
+        if self.redactor is not None and may_hold_text:
+            self.redactor(record)
+        if self.observers and not emitted:
+            record = self._apply(record, self.observers)  # type: ignore[assignment]
+            if record is None:
+                return None
+        if record.get("type") == METRICS and not emitted:
+            self.summary.observe(record)
+        return record
+
+    def _values_rejected(self, problems: list[str]) -> None:
+        self.rejected_values += len(problems)
+        for message in problems:
+            self._report("values", message.split(":")[0], message + " (value dropped; the rest of the record was kept)")
+        problems.clear()
+
+    def _take_emitted(self) -> list[Record]:
         emitted, self._emitted = self._emitted, []
         result = []
         for record in emitted:
             resolve_record(record, [])
-            kept = self._process(record, processors, emitted=True)
+            kept = self._stages(record, True, emitted=True)
             if kept is not None:
                 result.append(kept)
         return result
 
-    def _process(self, record: Record, processors: list[Processor], emitted: bool = False) -> Record | None:
+    def _apply(self, record: Record, processors: list[Processor]) -> Record | None:
         for processor in processors:
-            if emitted and getattr(processor, "skip_emitted", False):
-                continue
             try:
                 result = processor(record)
             except DropRecord:
@@ -205,6 +242,8 @@ class Writer:
 
     def _write(self, batch: list[Record]) -> None:
         for sink in self.sinks:
+            if self._closed_ids and id(sink) in self._closed_ids:
+                continue
             try:
                 sink.write(batch)
             except Exception as exc:
@@ -228,7 +267,10 @@ class Writer:
             self._drain()
         except Exception:
             pass
-        for sink in self.sinks:
+        # Last sink first: the first one (train.jsonl) closes last, so it still records
+        # the others' close failures; a closed sink gets no more writes.
+        for sink in reversed(self.sinks):
+            self._closed_ids.add(id(sink))
             try:
                 sink.close()
             except Exception as exc:

@@ -19,7 +19,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from flightlog.protocol import STREAM_FILE, encode
+import orjson
+
+from flightlog.protocol import ENCODE_OPTIONS, STREAM_FILE
 from flightlog.sinks.base import BaseSink, Record
 
 MAX_PENDING_BYTES = 512 * 1024 * 1024  # what is kept for retry while the disk is full
@@ -100,7 +102,8 @@ class JsonlSink(BaseSink):
 
     # ------------------------------------------------------------------ sink API
     def write(self, batch: list[Record]) -> None:
-        data = b"".join([encode(r) for r in batch])
+        dumps, option = orjson.dumps, ENCODE_OPTIONS
+        data = b"".join([dumps(r, option=option) for r in batch])
         if self.compress:
             data = self._compressor.compress(data)
         self._pending += data

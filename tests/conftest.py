@@ -1,0 +1,57 @@
+"""Shared fixtures: runs in temporary directories that never print to the test's console."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def console() -> io.StringIO:
+    return io.StringIO()
+
+
+@pytest.fixture
+def make_run(tmp_path, console, monkeypatch):
+    """``make_run(**options)``: a flightlog run in tmp_path with the console captured."""
+    import flightlog
+    from flightlog.sinks.console import ConsoleSink
+
+    for name in list(__import__("os").environ):
+        if name.startswith("FLIGHTLOG_"):
+            monkeypatch.delenv(name)
+    runs = []
+
+    def factory(**options):
+        options.setdefault("output_dir", tmp_path / "out")
+        options.setdefault("install_signal_handlers", False)
+        if "sinks" not in options:
+            options["sinks"] = ["jsonl", ConsoleSink(console)]
+        run = flightlog.init(**options)
+        runs.append(run)
+        return run
+
+    yield factory
+    for run in runs:
+        if not run.finished:
+            run.finish()
+
+
+def read_stream(path: Path) -> list[dict]:
+    from flightlog.protocol import decode
+
+    return [decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
+def have_jq() -> bool:
+    return shutil.which("jq") is not None
+
+
+def python() -> str:
+    return sys.executable
