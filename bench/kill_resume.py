@@ -8,7 +8,7 @@ Kinds of kill:
 - step:  SIGKILL right after a step is logged (before its save), at random steps;
 - save:  SIGKILL inside a checkpoint save, after a random one of its 9 stages (7 files,
          manifest, rename), half of them with asynchronous saving;
-- timed: SIGKILL from outside at a random wall-clock moment (separate processes).
+- timed: SIGKILL from outside at a random moment once training runs (separate processes).
 The step/save kills run in children forked from one process that imported torch once
 (tests/ckpt_train.py --chain); each child is a real process and a real SIGKILL.
 """
@@ -42,8 +42,13 @@ def base_args(out: Path, steps: int, save: int) -> list[str]:
 def chain(work: Path, launches: list[list[str]]) -> list[dict]:
     plan, report = work / "plan.json", work / "report.json"
     plan.write_text(json.dumps(launches))
-    subprocess.run([sys.executable, str(SCRIPT), "--chain", str(plan), str(report)], env=env(), check=True, capture_output=True, timeout=3600)
-    return json.loads(report.read_text())
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--chain", str(plan), str(report)], env=env(), capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        sys.exit(f"chain failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(report.read_text())
+    if result[-1]["rc"] != 0:
+        sys.exit(f"the final launch failed: {result[-1]}\n{proc.stderr[-3000:]}")
+    return result
 
 
 def compare(a: Path, b: Path) -> bool:
@@ -120,9 +125,15 @@ def main() -> int:
             out = work / "timed"
             killed = 0
             start = time.perf_counter()
+            stream = out / "logs" / "train.jsonl"
             for _ in range(args.timed):
+                size = stream.stat().st_size if stream.exists() else 0
                 proc = subprocess.Popen([sys.executable, str(SCRIPT), *base_args(out, args.steps, args.save_steps)], env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                time.sleep(rng.uniform(1.0, 6.0))
+                # Wait until this process is training (its records reach the stream), then
+                # kill it at a random moment of the training.
+                while proc.poll() is None and (stream.stat().st_size if stream.exists() else 0) < size + 2000:
+                    time.sleep(0.01)
+                time.sleep(rng.uniform(0.0, 0.8))
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)
                     killed += 1

@@ -67,6 +67,16 @@ def assert_same_final(a: Path, b: Path) -> None:
     assert x["sched"] == y["sched"]
 
 
+def loaded_losses(logs: Path) -> dict[int, float]:
+    """The loss series as the store's superseded-aware loader (flightlog.load) returns it."""
+    import flightlog
+
+    frame = flightlog.load(logs)
+    metrics = frame[frame["type"] == "metrics"]
+    assert metrics["step"].is_unique, "a step appears twice in the loaded run"
+    return dict(zip(metrics["step"].astype(int), metrics["loss"]))
+
+
 def events(out: Path) -> list[dict]:
     return [r for r in visible_records(out / "logs") if r["type"] == "event"]
 
@@ -95,6 +105,7 @@ def test_sigkill_at_random_steps_resumes_bit_identical(tmp_path: Path, baseline)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_final(final, tmp_path / "final.pt")
     assert metric_series(out / "logs") == expected, f"seed {SEED}, kills {kills}"
+    assert loaded_losses(out / "logs") == expected
     messages = [e["message"] for e in events(out)]
     resumes = [m for m in messages if m.startswith("Resuming from checkpoint '")]
     assert len(resumes) == 1 + sum(1 for k in kills[:-1] if k > SAVE), messages
@@ -130,6 +141,7 @@ def test_sigkill_during_save_keeps_previous_checkpoint(tmp_path: Path, baseline)
     assert not list(out.glob(".tmp-*")), "leftover temporary directories are swept on the next start"
     assert_same_final(final, tmp_path / "final.pt")
     assert metric_series(out / "logs") == expected
+    assert loaded_losses(out / "logs") == expected
     loaded = [r for r in visible_records(out / "logs") if r["type"] == "checkpoint" and r["status"] == "loaded"]
     assert len(loaded) == len(saves)
     assert all(Path(r["path"]).name.startswith("checkpoint-") for r in loaded)
@@ -169,10 +181,4 @@ def test_resumed_log_is_one_run_without_duplicate_steps(tmp_path: Path) -> None:
     assert [s["segment"] for s in starts] == [0, 1, 2] and [s["resumed_from_step"] for s in starts] == [None, 10, 25]
     series = metric_series(out / "logs")  # raises on a duplicated step
     assert sorted(series) == list(range(1, STEPS + 1))
-    try:
-        from flightlog.store.reader import load
-    except ImportError:
-        return
-    frame = load(out / "logs")
-    steps = frame[frame["type"] == "metrics"]["step"].tolist()
-    assert sorted(steps) == list(range(1, STEPS + 1))
+    assert loaded_losses(out / "logs") == series

@@ -51,6 +51,10 @@ def test_hf_trainer_kill_and_resume_is_exact(tmp_path: Path) -> None:
     assert all(torch.equal(base[k], resumed[k]) for k in base), f"max abs weight difference {max(diffs.values())}"
     expected, got = metric_series(tmp_path / "base" / "logs"), metric_series(out / "logs")
     assert got == expected, {s: (expected[s], got.get(s)) for s in expected if expected[s] != got.get(s)}
+    import flightlog
+
+    frame = flightlog.load(out / "logs")
+    assert frame["step"].is_unique and dict(zip(frame["step"].astype(int), frame["loss"])) == expected
 
     records = visible_records(out / "logs")
     messages = [r["message"] for r in records if r["type"] == "event"]

@@ -89,7 +89,7 @@ class CheckpointCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         if self.record_launch:
-            record_launch(args.output_dir, run=None, resume_arg=self.resume_arg)
+            record_launch(args.output_dir, run=self.run, resume_arg=self.resume_arg)
         if state.global_step > 0:
             if self.resumed_from is None:
                 guess = Path(args.output_dir) / f"checkpoint-{state.global_step}"

@@ -185,7 +185,7 @@ class CheckpointManager:
         from flightlog.checkpoint.continuity import ContinuityCheck
         from flightlog.checkpoint.resume import record_launch
 
-        from flightlog.config import build_config
+        from flightlog.config import FIELDS, build_config
         from flightlog.runfile import read_run_file
 
         path, skipped = self.find()
@@ -195,7 +195,8 @@ class CheckpointManager:
             init_kwargs.setdefault("max_steps", self.max_steps)
         continuity = init_kwargs.pop("continuity_steps", 10)
         restarted = False
-        if step is None and read_run_file(build_config(**init_kwargs).resolved_log_dir) is not None:
+        options = {k: v for k, v in init_kwargs.items() if k in FIELDS or k == "config_file"}
+        if step is None and read_run_file(build_config(**options).resolved_log_dir) is not None:
             # The run was started before but left no valid checkpoint: it starts over, and
             # everything the earlier segments logged is superseded.
             step, restarted = 0, True
