@@ -54,9 +54,23 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = 0
+    if world > 1:  # under torchrun: DDP over gloo, each rank its own shard and random streams
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
     model, loader = build(args.seed, args.width)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+        sampler = torch.utils.data.DistributedSampler(loader.dataset, seed=args.seed, drop_last=True)
+        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=4, sampler=sampler)
+        torch.manual_seed(args.seed + 1000 * rank)  # different dropout masks per rank
     opt = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5) * max(0.1, 1 - s / args.steps))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
@@ -99,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             if step >= args.steps:
                 break
     mgr.close()
-    if args.final:
+    if args.final and rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(), "sched": sched.state_dict()}, args.final)
     run.finish()
+    if world > 1:
+        torch.distributed.destroy_process_group()
     return 0
 
 
@@ -117,6 +133,8 @@ def chain(plan_file: str, report_file: str) -> int:
 
     plan = json.loads(open(plan_file).read())
     report = []
+    # Its first call imports torch's compiler stack (seconds): pay that once, before forking.
+    torch.use_deterministic_algorithms(True)
     for argv in plan:
         pid = os.fork()
         if pid == 0:
