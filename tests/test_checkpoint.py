@@ -202,3 +202,5 @@ def test_ddp_two_ranks_resume_per_rank_rng(tmp_path: Path) -> None:
     continuity = [e for e in events(out) if "continuity" in e]
     assert [(e["continuity"], e["compared"]) for e in continuity] == [("exact", 3)], continuity
     assert sorted(loaded_losses(out / "logs")) == list(range(1, 13))
+    launch_record = json.loads((out / "flightlog_launch.json").read_text())
+    assert launch_record["launcher"] == "torchrun" and "--nproc_per_node" in launch_record["argv"], "resume.sh re-runs torchrun, not one worker"
