@@ -120,3 +120,46 @@ def test_restore_refuses_invalid_checkpoint(tmp_path: Path) -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(FileNotFoundError, match="no valid checkpoint"):
         CheckpointManager(tmp_path, model=model, save_steps=1).restore()
+
+
+class ResumableCounterLoader:
+    """A loader that resumes itself (the StatefulDataLoader protocol: state_dict/load_state_dict)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        while self.pos < self.n:
+            self.pos += 1
+            yield torch.tensor([float(self.pos)])
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+def test_stateful_loader_and_extra_state_round_trip(tmp_path: Path) -> None:
+    """A loader with its own state_dict is saved and restored by it (no batch skipping); extra stateful objects come back too."""
+    model = nn.Linear(1, 1)
+    loader = ResumableCounterLoader(10)
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    mgr = CheckpointManager(tmp_path, model=model, save_steps=3, data_loader=loader, extra={"ema": ema})
+    seen = []
+    for step, batch in enumerate(mgr.epoch_batches(loader, 0), start=1):
+        seen.append(batch.item())
+        ema.update_parameters(model)
+        mgr.step(step)
+        if step == 4:
+            break
+    loader2, ema2 = ResumableCounterLoader(10), torch.optim.swa_utils.AveragedModel(nn.Linear(1, 1))
+    mgr2 = CheckpointManager(tmp_path, model=nn.Linear(1, 1), save_steps=3, data_loader=loader2, extra={"ema": ema2})
+    position = mgr2.restore()
+    assert (position.global_step, position.epoch, position.batches_consumed) == (3, 0, 3)
+    assert [b.item() for b in mgr2.epoch_batches(loader2, 0)] == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    assert int(ema2.n_averaged) == 3
