@@ -89,6 +89,8 @@ BAD_VALUES = [
     ("model_name", 3, "a string"),
     ("dataset", 3, "a string"),
     ("log_dir", 3, "a path"),
+    ("rules", 3, "true, false, a path to a rules YAML file or a mapping"),
+    ("notify", "https://hooks.slack.com/x", "a list of URLs or mappings"),
     # optional sinks (tests/test_sinks_prometheus.py covers more)
     ("tensorboard_dir", "", "a non-empty path or null"),
     ("histogram_interval", 0, "an integer >= 1"),
@@ -106,6 +108,8 @@ BAD_VALUES = [
     ("rank_streams", "yes", "true or false"),
     ("straggler_margin", -0.1, "a fraction > 0"),
     ("straggler_patience", 0, "an integer >= 1"),
+    # run index (tests/test_index.py covers more)
+    ("index", "yes", "true or false"),
 ]
 
 

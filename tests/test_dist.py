@@ -261,8 +261,9 @@ def test_torchrun_two_ranks_ddp_reduce_streams_straggler_and_figures(tmp_path: P
         assert rec["stage"] == "stable"
     assert all(got[s]["slowest_rank"] == 1 for s in range(3, 11))
     assert got[5]["slowest_rank_lag_s"] > 0.05
-    alerts = [r for r in records if r["type"] == "alert"]
-    assert len(alerts) == 1 and alerts[0]["rule"] == "straggler" and alerts[0]["rank"] == 1
+    # The diagnosis rules may also flag the toy loss (it swings by ~100 in 10 steps); this test is about the straggler.
+    alerts = [r for r in records if r["type"] == "alert" and r["rule"] == "straggler"]
+    assert len(alerts) == 1 and alerts[0]["rank"] == 1
     assert "rank 1" in alerts[0]["message"]
     for rank in (0, 1):
         stream = read(logs / f"rank-{rank}.jsonl")

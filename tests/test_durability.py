@@ -118,7 +118,7 @@ def test_exit_without_finish_flushes(tmp_path):
     """A script that never calls finish still gets every record written and status finished."""
     result = _run_child(tmp_path, """
         import sys, flightlog
-        run = flightlog.init(output_dir=sys.argv[1], sinks=["jsonl"], flush_interval=30)
+        run = flightlog.init(output_dir=sys.argv[1], sinks=["jsonl"], flush_interval=30, rules=False)
         for step in range(1, 501):
             run.log({"loss": 1.0}, step=step)
     """)
@@ -146,7 +146,7 @@ def test_durable_soon_after_finish(tmp_path):
     """finish() returns with every record on disk and fsynced (fsync=finish)."""
     import flightlog
 
-    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, flush_interval=10)
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, flush_interval=10, rules=False)
     for step in range(1, 10001):
         run.log({"loss": 1.0}, step=step)
     start = time.perf_counter()

@@ -88,6 +88,10 @@ class Config:
     console_stream: str = "stdout"
     install_signal_handlers: bool = True
     """Flush and mark the run on SIGTERM/SIGINT (main thread only)."""
+    rules: Any = True
+    """Diagnosis rules: true (defaults), false, a path to a rules YAML file, or a mapping (docs/rules.md)."""
+    notify: list[Any] = field(default_factory=list)
+    """Where alerts go: URLs or mappings (Slack, DingTalk, Feishu, Alertmanager, webhook; docs/rules.md)."""
     # --- optional sinks (docs/sinks.md)
     tensorboard_dir: str | None = None
     """Where the tensorboard sink writes event files (default ``LOG_DIR/tensorboard``)."""
@@ -122,6 +126,8 @@ class Config:
     """A rank slower than the others' median step time by more than this fraction is lagging."""
     straggler_patience: int = 3
     """Logging steps in a row the same rank must lag before a straggler alert."""
+    index: bool = True
+    """Keep the run in the run index under FLIGHTLOG_HOME (``flightlog ls``); never fatal to training."""
 
     def __post_init__(self) -> None:
         validate(self, {})
@@ -195,6 +201,8 @@ RULES: dict[str, tuple[Any, str]] = {
     "heartbeat_interval": (_positive_number, "a number of seconds > 0"),
     "console_stream": (_choice(*CONSOLE_STREAMS), "one of " + ", ".join(CONSOLE_STREAMS)),
     "install_signal_handlers": (lambda v: type(v) is bool, "true or false"),
+    "rules": (lambda v: isinstance(v, (bool, str, os.PathLike, Mapping)), "true, false, a path to a rules YAML file or a mapping"),
+    "notify": (lambda v: isinstance(v, list) and all(isinstance(x, (str, Mapping)) for x in v), "a list of URLs or mappings with 'url'"),
     "tensorboard_dir": (_optional(lambda v: isinstance(v, (str, os.PathLike)) and str(v) != ""), "a non-empty path or null"),
     "histogram_interval": (_positive_int, "an integer >= 1"),
     "prometheus_host": (lambda v: isinstance(v, str) and v != "" and not any(c.isspace() for c in v), "a host name or IP address"),
@@ -214,6 +222,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "rank_streams": (lambda v: type(v) is bool, "true or false"),
     "straggler_margin": (_positive_number, "a fraction > 0 (0.2 = 20% slower)"),
     "straggler_patience": (_positive_int, "an integer >= 1"),
+    "index": (lambda v: type(v) is bool, "true or false"),
 }
 assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
 

@@ -123,6 +123,14 @@ class Run:
             heartbeat=self._heartbeat,
             heartbeat_interval=min(config.heartbeat_interval, 60.0),
         )
+        # --- diagnosis rules (writer-thread processor + stall timer); see flightlog.rules.actions
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.rules = None
+        if config.rules is not False:
+            from flightlog.rules import attach
+
+            self.rules = attach(self)
 
         from flightlog import context
 
@@ -157,6 +165,7 @@ class Run:
             meta = self._redactor.redact_nested(meta)
         self.run_file = self._open_run_file(meta)
         self.run_file.update(fsync=True)
+        self._update_index({})
 
         self._finished = False
         self._finish_lock = threading.Lock()
@@ -348,6 +357,8 @@ class Run:
         self.queue.put_urgent((RUN_END, _time(), final.get("last_step"), None, {"status": status, "summary": final}))
         self._maxsize = -1  # every later record takes the slow path, which refuses it
         closed = self.writer.close(timeout)
+        if self.rules is not None:
+            self.rules.close()
         end = format_timestamp(_time())
         self.run_file.update(
             fsync=True,
@@ -358,6 +369,7 @@ class Run:
             **self._counters(),
             **({} if closed else {"writer_timeout": True}),
         )
+        self._update_index(None)
         self._restore_signal_handlers()
         try:
             atexit.unregister(self._at_exit)
@@ -382,6 +394,19 @@ class Run:
 
     def _heartbeat(self, writer: Writer) -> None:
         self.run_file.update(status="running", last_step=self.summary.last_step, **self._counters())
+        summary = self.summary.summary()
+        self._update_index(self._redactor.redact_nested(summary) if self._redactor else summary)
+
+    def _update_index(self, summary: dict[str, Any] | None) -> None:
+        """Keep this run current in the run index (``flightlog ls``); an index failure never reaches training."""
+        if not self.config.index:
+            return
+        try:
+            from flightlog.store.index import upsert_run
+
+            upsert_run(self.run_file.meta, summary)
+        except Exception:
+            pass
 
     def __enter__(self) -> "Run":
         return self

@@ -1,0 +1,158 @@
+"""The rules engine: a writer-thread processor that runs the detectors on each metrics record.
+
+It owns what the detectors leave out: whether the run is warming up, and rate
+limiting (one problem is one alert; the rule re-arms after ``rearm_after`` records
+without its condition). Alerts go out as ``alert`` records through the writer's
+``emit`` (so every sink, the console included, shows them) and to ``on_alert``
+(notifiers, the stop policy). Notes that say "expected during warmup" go out as
+``event`` records at INFO level: they inform, they do not alarm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from flightlog.protocol import ALERT, EVENT, METRICS, parse_timestamp
+from flightlog.rules.config import RulesConfig
+from flightlog.rules.detectors import DETECTORS, Detector, Finding, number
+from flightlog.rules.stall import StallWatch
+
+Record = dict[str, Any]
+
+
+class WarmupTracker:
+    """Is the run warming up? ``stage == "warmup"`` if the records say; else the first
+    ``warmup_steps`` steps, or a learning rate that has risen since the first record."""
+
+    def __init__(self, warmup_steps: int = 0, from_lr: bool = True) -> None:
+        self.warmup_steps = warmup_steps
+        self.from_lr = from_lr
+        self._has_stage = False
+        self._lr: float | None = None
+        self._lr_rising = from_lr
+        self.active = False
+
+    def update(self, record: Mapping[str, Any]) -> bool:
+        stage = record.get("stage")
+        if isinstance(stage, str):
+            self._has_stage = True
+            self.active = stage.lower() == "warmup"
+            return self.active
+        step = record.get("step")
+        by_step = type(step) is int and step <= self.warmup_steps
+        by_lr = False
+        lr = number(record, "learning_rate")
+        if not self._has_stage and self._lr_rising and lr is not None:
+            # The first record cannot tell yet; it counts as warmup (notes, not alarms).
+            by_lr = lr > self._lr if self._lr is not None else True
+            self._lr_rising = by_lr
+            self._lr = lr
+        self.active = by_step or by_lr
+        return self.active
+
+
+class RateLimiter:
+    """One alert per problem: a key that fired stays quiet while its condition lasts."""
+
+    def __init__(self, rearm_after: int) -> None:
+        self.rearm_after = rearm_after
+        self._last_seen: dict[str, int] = {}
+        self.suppressed = 0
+
+    def admit(self, findings: Iterable[Finding], tick: int) -> list[Finding]:
+        out = []
+        for f in findings:
+            key = f.key or f.rule
+            if key not in self._last_seen:
+                out.append(f)
+            else:
+                self.suppressed += 1
+            self._last_seen[key] = tick
+        for key, seen in list(self._last_seen.items()):
+            if tick - seen >= self.rearm_after:
+                del self._last_seen[key]
+        return out
+
+
+def finding_to_record(finding: Finding, source: Mapping[str, Any] | None = None) -> Record:
+    """The protocol record for a finding: an ``alert``, or an INFO ``event`` for notes."""
+    record: Record
+    if finding.severity == "info":
+        record = {"type": EVENT, "level": "INFO", "source": "flightlog/rules", "rule": finding.rule,
+                  "message": f"{finding.rule}: {finding.message}"}
+    else:
+        record = {"type": ALERT, **finding.alert_fields()}
+    if finding.step is not None:
+        record["step"] = finding.step
+    if source is not None and "epoch" in source:
+        record["epoch"] = source["epoch"]
+    return record
+
+
+class RulesEngine:
+    """Processor ``record -> record``; findings leave through ``emit`` and ``on_alert``."""
+
+    skip_emitted = True  # its own alerts pass the chain again; they must not be re-judged
+    __name__ = "rules"
+
+    def __init__(
+        self,
+        config: RulesConfig | None = None,
+        *,
+        emit: Callable[[Record], None] | None = None,
+        on_alert: Callable[[Record], None] | None = None,
+        watch: StallWatch | None = None,
+    ) -> None:
+        self.config = config or RulesConfig()
+        self.detectors: list[Detector] = [
+            DETECTORS[name](cfg) for name, cfg in self.config.detectors.items() if cfg.enabled
+        ]
+        self.warmup = WarmupTracker(self.config.warmup_steps, self.config.detect_warmup_from_lr)
+        self.limiter = RateLimiter(self.config.rearm_after)
+        self.emit = emit
+        self.on_alert = on_alert
+        self.watch = watch
+        self.ticks = 0
+        self.alerts = 0
+
+    def evaluate(self, record: Mapping[str, Any]) -> list[Finding]:
+        """Run every detector on one metrics record; returns the findings that pass rate limiting."""
+        was_warmup = self.warmup.active
+        warmup = self.warmup.update(record)
+        if was_warmup and not warmup:
+            for d in self.detectors:
+                d.on_warmup_end()
+        self.ticks += 1
+        found: list[Finding] = []
+        for d in self.detectors:
+            found.extend(d.update(record, warmup))
+        return self.limiter.admit(found, self.ticks)
+
+    def __call__(self, record: Record) -> Record:
+        kind = record.get("type")
+        if kind == METRICS:
+            if self.watch is not None:
+                self._observe(record)
+            for finding in self.evaluate(record):
+                self.publish(finding_to_record(finding, record))
+        elif kind == ALERT and self.on_alert is not None:
+            self.on_alert(record)  # an alert made by user code: notify it too
+        return record
+
+    def _observe(self, record: Mapping[str, Any]) -> None:
+        step = record.get("step")
+        try:
+            t = parse_timestamp(record["timestamp"])
+        except (KeyError, TypeError, ValueError):
+            return
+        note = self.watch.observe(step if type(step) is int else None, t)  # type: ignore[union-attr]
+        if note is not None:
+            self.publish(finding_to_record(note, record))
+
+    def publish(self, record: Record) -> None:
+        if self.emit is not None:
+            self.emit(record)
+        if record["type"] == ALERT:
+            self.alerts += 1
+            if self.on_alert is not None:
+                self.on_alert(record)

@@ -1,0 +1,1 @@
+"""Payload formats, one module per service (webhook, slack, dingtalk, feishu, alertmanager)."""
