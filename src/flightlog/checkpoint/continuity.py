@@ -2,53 +2,17 @@
 logged for the same steps? (The seeds' "watch whether the first 10 steps' loss is
 continuous".) The answer is an event: exact, within tolerance, or diverged at step S.
 
-Also holds the small reader of a run's stream that hides superseded records, which the
-check needs before the store's loaders are available in the recording process.
+The stream is read with the store's reader (``flightlog.store.reader.tagged_records``).
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
-import re
-from collections.abc import Iterator
-from pathlib import Path
+import warnings
 from typing import Any
 
-from flightlog.protocol import EVENT, METRICS, RUN_END, RUN_START, STREAM_FILE, decode, superseded_after
-
-_SEGMENT_RE = re.compile(r"^train\.(\d{5})\.jsonl\.gz$")
-
-
-def _stream_files(log_dir: Path) -> list[Path]:
-    segments = sorted((int(m.group(1)), p) for p in log_dir.glob("train.*.jsonl.gz") if (m := _SEGMENT_RE.match(p.name)))
-    files = [p for _, p in segments]
-    if (log_dir / STREAM_FILE).exists():
-        files.append(log_dir / STREAM_FILE)
-    return files
-
-
-def read_stream(log_dir: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(segment, record)`` for every complete line; a torn or foreign line is skipped."""
-    segment = 0
-    for path in _stream_files(Path(log_dir)):
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as fh:
-                for line in fh:
-                    if not line.endswith(b"\n"):
-                        continue
-                    try:
-                        record = decode(line)
-                    except ValueError:
-                        continue
-                    if record.get("type") == RUN_START:
-                        segment = int(record.get("segment", segment))
-                    yield segment, record
-        except (OSError, EOFError):
-            continue  # a gzip segment cut by a crash: what was read is kept
-
+from flightlog.protocol import EVENT, METRICS, RUN_END, RUN_START, superseded_after
 
 def visible_records(log_dir: str | os.PathLike[str], before_segment: int | None = None) -> list[dict[str, Any]]:
     """The run's records with superseded ones hidden (each record gets its ``segment``).
@@ -56,7 +20,11 @@ def visible_records(log_dir: str | os.PathLike[str], before_segment: int | None 
     ``before_segment`` limits the view to earlier segments: what the run looked like
     before that segment started.
     """
-    rows = [(s, r) for s, r in read_stream(log_dir) if before_segment is None or s < before_segment]
+    from flightlog.store.reader import tagged_records
+
+    with warnings.catch_warnings():  # a torn last line of the crashed process is expected here
+        warnings.simplefilter("ignore")
+        rows = [(s, r) for s, r in tagged_records(log_dir) if before_segment is None or s < before_segment]
     limits = superseded_after([r for _, r in rows if r.get("type") == RUN_START])
     out = []
     for segment, record in rows:
