@@ -59,6 +59,29 @@ class TestGradNorms:
         assert float(out["grad_norm"]) == pytest.approx(ref(adapter + backbone), rel=1e-5)
         assert float(out["grad_norm"]) == pytest.approx(float(nn.utils.clip_grad_norm_(model.parameters(), math.inf)), rel=1e-5)
 
+    def test_split_stays_right_when_the_set_of_gradients_changes(self) -> None:
+        """The fused split caches its group mask per layout: repeated calls, a layer losing its
+        gradient, and a layer gaining it back all give the parameter-by-parameter norms."""
+        torch.manual_seed(1)
+        model = nn.Sequential(LoRALinear(6, 6), nn.ReLU(), nn.Linear(6, 3), nn.Linear(3, 2))
+        model[0].base.requires_grad_(True)
+        norms = GradNorms(model.named_parameters())
+        ref = lambda gs: math.sqrt(sum(float(g.pow(2).sum()) for g in gs))
+        for frozen in (None, model[2], model[0].lora_A, None):
+            for p in model.parameters():
+                p.grad = None
+            model.requires_grad_(True)
+            if frozen is not None:
+                frozen.requires_grad_(False)
+            model(torch.randn(4, 6)).pow(2).sum().backward()
+            out = norms.compute()
+            named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+            adapter = [g for n, g in named if "lora_" in n]
+            backbone = [g for n, g in named if "lora_" not in n]
+            assert float(out["grad_norm_adapter"]) == pytest.approx(ref(adapter), rel=1e-5)
+            assert float(out["grad_norm_backbone"]) == pytest.approx(ref(backbone), rel=1e-5)
+            assert float(out["grad_norm"]) == pytest.approx(ref(adapter + backbone), rel=1e-5)
+
     def test_frozen_backbone_reads_zero_and_no_adapter_no_split(self) -> None:
         model = LoRALinear(4, 4)
         model(torch.randn(2, 4)).sum().backward()
