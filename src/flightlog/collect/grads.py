@@ -39,7 +39,6 @@ class GradNorms:
         self.params = params
         self.is_adapter = is_adapter
         self.has_adapter = any(is_adapter)
-        self._masks: dict[Any, Any] = {}
 
     def compute(self) -> dict[str, Any]:
         """The norms as 0-d float32 tensors on the gradients' device (empty dict if no gradient).
@@ -60,35 +59,12 @@ class GradNorms:
                 (adapter if is_adapter else backbone).append(grad.detach())
         if not adapter and not backbone:
             return {}
-        if adapter and backbone and _same_device(adapter + backbone):
-            return self._split_fused(torch, adapter, backbone)
         device = (adapter or backbone)[0].device
         a = _group_norm(torch, adapter) if adapter else torch.zeros((), dtype=torch.float32, device=device)
         b = _group_norm(torch, backbone) if backbone else torch.zeros((), dtype=torch.float32, device=device)
         if a.device != b.device:
             b = b.to(a.device, non_blocking=True)
         return {"grad_norm": torch.hypot(a, b), "grad_norm_adapter": a, "grad_norm_backbone": b}
-
-    def _split_fused(self, torch: Any, adapter: list[Any], backbone: list[Any]) -> dict[str, Any]:
-        """Both groups on one device: one fused norm over all gradients, one matrix-vector
-        product for the two group sums of squares. Half the kernel launches of norming the
-        groups apart, which is what a logging step pays for on the CPU (about 10 launches).
-        """
-        norms = torch.stack(torch._foreach_norm(adapter + backbone, 2.0, dtype=torch.float32))
-        key = (len(adapter), len(backbone), norms.device)
-        mask = self._masks.get(key)
-        if mask is None:  # built once per layout (which parameters have gradients) and device
-            mask = torch.zeros((2, len(adapter) + len(backbone)), dtype=torch.float32, device=norms.device)
-            mask[0, : len(adapter)] = 1.0  # fills on the device: no host-to-device copy
-            mask[1, len(adapter) :] = 1.0
-            self._masks[key] = mask
-        split = torch.mv(mask, norms * norms).sqrt_()
-        return {"grad_norm": torch.linalg.vector_norm(norms), "grad_norm_adapter": split[0], "grad_norm_backbone": split[1]}
-
-
-def _same_device(grads: list[Any]) -> bool:
-    first = grads[0].device
-    return all(g.device == first for g in grads)
 
 
 def _group_norm(torch: Any, grads: list[Any]) -> Any:
