@@ -26,47 +26,75 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from flightlog.protocol import encode, format_timestamp  # noqa: E402
+from flightlog.protocol import format_timestamp  # noqa: E402
 
 
-def write_stream(path: Path, records: int, seed: int = 0) -> int:
-    """A realistic train.jsonl: run_start, seed-named metrics, an eval every 500 steps, events."""
+def records_of(records: int, seed: int = 0):
+    """A realistic train.jsonl's records: run_start, seed-named metrics, an eval every 500 steps, events."""
     rng = random.Random(seed)
     t0 = 1_796_000_000.0
     run_id = "20261130-000000-bench0"
-    lines = [
-        encode(
-            {
-                "type": "run_start", "timestamp": format_timestamp(t0), "run_id": run_id, "run_name": "bench",
-                "task_type": "sft", "model_name": "qwen3-7b", "segment": 0, "resumed_from_step": None,
-                "config": {"lora_rank": 32, "lora_alpha": 64, "learning_rate": 2e-5, "per_device_train_batch_size": 1},
-            }
-        )
-    ]  # fmt: skip
-    step = 0
-    while len(lines) < records - 1:
+    yield {
+        "type": "run_start", "timestamp": format_timestamp(t0), "run_id": run_id, "run_name": "bench",
+        "task_type": "sft", "model_name": "qwen3-7b", "segment": 0, "resumed_from_step": None,
+        "config": {"lora_rank": 32, "lora_alpha": 64, "learning_rate": 2e-5, "per_device_train_batch_size": 1},
+    }  # fmt: skip
+    n, step = 1, 0
+    while n < records - 1:
         step += 1
         t = t0 + step * 0.5
         loss = 2.5 * math.exp(-step / 200_000) + rng.random() * 0.05
-        lines.append(
-            encode(
-                {
-                    "type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step,
-                    "epoch": round(step / 100_000, 5), "loss": loss, "learning_rate": 2e-5 * (1 - step / 2e6),
-                    "grad_norm": rng.random() * 2, "gpu_memory_mb": 18_000 + rng.randint(0, 500),
-                    "gpu_memory_peak_mb": 19_000, "throughput_samples_per_sec": 40 + rng.random() * 5,
-                    "step_time_s": 0.5 + rng.random() * 0.01, "stage": "stable" if step > 1000 else "warmup",
-                }
-            )
-        )  # fmt: skip
+        yield {
+            "type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step,
+            "epoch": round(step / 100_000, 5), "loss": loss, "learning_rate": 2e-5 * (1 - step / 2e6),
+            "grad_norm": rng.random() * 2, "gpu_memory_mb": 18_000 + rng.randint(0, 500),
+            "gpu_memory_peak_mb": 19_000, "throughput_samples_per_sec": 40 + rng.random() * 5,
+            "step_time_s": 0.5 + rng.random() * 0.01, "stage": "stable" if step > 1000 else "warmup",
+        }  # fmt: skip
+        n += 1
         if step % 500 == 0:
-            lines.append(encode({"type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "eval_loss": loss * 1.1, "eval_accuracy": 1 - loss / 3}))
+            yield {"type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "eval_loss": loss * 1.1, "eval_accuracy": 1 - loss / 3}
+            n += 1
         if step % 5000 == 0:
-            lines.append(encode({"type": "event", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "level": "INFO", "source": "trainer.py:478", "message": f"saving checkpoint-{step}"}))
-    lines.append(encode({"type": "run_end", "timestamp": format_timestamp(t0 + step), "run_id": run_id, "step": step, "status": "finished", "summary": {}}))
-    data = b"".join(lines)
-    path.write_bytes(data)
-    return len(lines)
+            yield {"type": "event", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "level": "INFO", "source": "trainer.py:478", "message": f"saving checkpoint-{step}"}
+            n += 1
+    yield {"type": "run_end", "timestamp": format_timestamp(t0 + step), "run_id": run_id, "step": step, "status": "finished", "summary": {}}
+
+
+def write_stream(path: Path, records: int, seed: int = 0, batch: int = 1000) -> tuple[int, float, float]:
+    """Writes the stream through the real JSONL sink, as the writer thread does (batches of
+    ``batch`` records), once with the columnar sidecar into ``path``'s folder and once
+    without into a scratch folder. Returns (records, seconds without, seconds with sidecar):
+    the writer-thread cost of the sidecar."""
+    from flightlog.sinks.jsonl import JsonlSink
+
+    with_cols = JsonlSink(path.parent, fsync="never", columnar=True)
+    plain_dir = path.parent.parent / "plain"
+    plain = JsonlSink(plain_dir, fsync="never", columnar=False)
+    t_plain = t_cols = 0.0
+    n = 0
+    source = records_of(records, seed)
+    while True:
+        chunk = [r for _, r in zip(range(batch), source)]
+        if not chunk:
+            break
+        n += len(chunk)
+        start = time.perf_counter()
+        plain.write(chunk)
+        t_plain += time.perf_counter() - start
+        start = time.perf_counter()
+        with_cols.write(chunk)
+        t_cols += time.perf_counter() - start
+    start = time.perf_counter()
+    plain.close()
+    t_plain += time.perf_counter() - start
+    start = time.perf_counter()
+    with_cols.close()
+    t_cols += time.perf_counter() - start
+    for f in plain_dir.iterdir():
+        f.unlink()
+    plain_dir.rmdir()
+    return n, t_plain, t_cols
 
 
 def best_of(fn, repeat: int) -> tuple[float, object]:
@@ -88,30 +116,32 @@ def bench_load(records: int, repeat: int, tmp: Path) -> list[tuple[str, str, str
 
     path = tmp / "logs" / "train.jsonl"
     path.parent.mkdir(parents=True)
-    n = write_stream(path, records)
+    n, t_plain, t_cols = write_stream(path, records)
     size = path.stat().st_size / 2**20
-    print(f"stream: {n:,} records, {size:.0f} MiB at {path}", file=sys.stderr)
-    rows = []
+    cols = sum(f.stat().st_size for f in (path.parent / "train.cols").iterdir()) / 2**20
+    print(f"stream: {n:,} records, {size:.0f} MiB at {path}; columnar sidecar {cols:.0f} MiB", file=sys.stderr)
+    rows = [
+        ("writer: JSONL sink alone, 1000-record batches", f"{n:,}", f"{t_plain:.2f}", f"{n / t_plain / 1e3:.0f}k rec/s"),
+        ("writer: JSONL sink + columnar sidecar", f"{n:,}", f"{t_cols:.2f}", f"{n / t_cols / 1e3:.0f}k rec/s"),
+    ]
     t_pandas, frame = best_of(lambda: pd.read_json(path, lines=True), 1)
     rows.append(("pandas.read_json(lines=True), all records", f"{len(frame):,}", f"{t_pandas:.2f}", "1.0x"))
     del frame
     os.environ["FLIGHTLOG_HOME"] = str(tmp / "home")  # the fast loader's cache lives here
     for label, fn, times in (
-        ("reader.load_polars (metrics)", lambda: load_polars(path.parent), repeat),
-        ("flightlog.load -> pandas (metrics)", lambda: flightlog.load(path.parent), repeat),
-        ("fastload.load_polars, cold (no cache)", lambda: fastload.load_polars(path.parent, cache=False), repeat),
-        ("fastload.load_polars, first load (writes cache)", lambda: fastload.load_polars(path.parent), 1),
-        ("fastload.load_polars, cached", lambda: fastload.load_polars(path.parent), repeat),
-        ("fastload.load -> pandas, cached", lambda: fastload.load(path.parent), repeat),
-        ("fastload.load -> pandas, all types, cached", lambda: fastload.load(path.parent, types=None), repeat),
+        ("before: reader.load_polars (line-by-line, metrics)", lambda: load_polars(path.parent), 1),
+        ("JSONL only: load_polars(sidecar=False, cache=False)", lambda: fastload.load_polars(path.parent, cache=False, sidecar=False), 1),
+        ("flightlog.load -> pandas (metrics), cold", lambda: flightlog.load(path.parent), repeat),
+        ("load_polars (metrics), cold", lambda: fastload.load_polars(path.parent), repeat),
+        ("flightlog.load -> pandas, all types, cold", lambda: flightlog.load(path.parent, types=None), repeat),
     ):
         t, frame = best_of(fn, times)
         rows.append((label, f"{len(frame):,}", f"{t:.2f}", f"{t_pandas / t:.1f}x"))
         del frame
-    with open(path, "ab") as fh:  # the run goes on: 1% more records appended
+    with open(path, "ab") as fh:  # the run goes on: 1% more records appended, not yet in the sidecar
         fh.write(path.read_bytes()[-(path.stat().st_size // 100) :].split(b"\n", 1)[1])
-    t, frame = best_of(lambda: fastload.load_polars(path.parent), 1)
-    rows.append(("fastload.load_polars, cached + 1% appended", f"{len(frame):,}", f"{t:.2f}", f"{t_pandas / t:.1f}x"))
+    t, frame = best_of(lambda: flightlog.load(path.parent), repeat)
+    rows.append(("flightlog.load, + 1% appended after the sidecar", f"{len(frame):,}", f"{t:.2f}", f"{t_pandas / t:.1f}x"))
     if fastload.fallbacks:
         rows.append(("(fastload fell back to the reader)", str(fastload.fallbacks), "", ""))
     return rows

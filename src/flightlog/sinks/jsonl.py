@@ -9,6 +9,9 @@ middle of the file.
 Compressed mode writes gzip segments ``train.NNNNN.jsonl.gz``, rotated by size. Each
 flush ends with a zlib sync-flush, so a reader can decompress everything flushed so far
 while the run is still live.
+
+Plain mode also keeps a columnar copy (``train.cols/``, :mod:`flightlog.sinks.columnar`,
+config ``columnar``) so that loading a big run needs no JSON parsing.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class JsonlSink(BaseSink):
         compress: bool = False,
         segment_bytes: int = 64 * 1024 * 1024,
         filename: str = STREAM_FILE,
+        columnar: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -64,6 +68,11 @@ class JsonlSink(BaseSink):
         self._segment_bytes_written = 0
         self._dirty = False
         self._open()
+        self._sidecar: Any = None
+        if columnar and not compress and filename == STREAM_FILE:
+            from flightlog.sinks.columnar import ColumnarSidecar
+
+            self._sidecar = ColumnarSidecar(self.directory, self._good_offset + len(self._pending))
 
     # ------------------------------------------------------------------ files
     @property
@@ -109,6 +118,8 @@ class JsonlSink(BaseSink):
         self._pending += data
         self._dirty = True
         self._write_pending()
+        if self._sidecar is not None:
+            self._sidecar.add(batch, data, self._good_offset)
         if self.compress and self._segment_bytes_written >= self.segment_bytes:
             self._pending += self._compressor.flush(zlib.Z_SYNC_FLUSH)
             self._rotate()
@@ -166,6 +177,8 @@ class JsonlSink(BaseSink):
         try:
             self._finish_segment()
             self._write_pending()
+            if self._sidecar is not None and not self._pending:
+                self._sidecar.write_chunk()
             if self.fsync_policy in ("flush", "finish"):
                 os.fsync(self._fd)
         finally:
@@ -174,4 +187,6 @@ class JsonlSink(BaseSink):
 
 
 def from_config(config: Any, run_dir: Path) -> JsonlSink:
-    return JsonlSink(run_dir, fsync=config.fsync, compress=config.compress, segment_bytes=config.segment_bytes)
+    return JsonlSink(
+        run_dir, fsync=config.fsync, compress=config.compress, segment_bytes=config.segment_bytes, columnar=getattr(config, "columnar", True)
+    )

@@ -330,11 +330,6 @@ def load(
     floats, torn last lines are skipped with a :class:`StreamWarning`, and records
     superseded by a resumed segment are hidden.
     """
-    if isinstance(types, str):
-        types = (types,)
-    if types is None:
-        from flightlog.protocol import RECORD_TYPES
+    from flightlog.store import fastload
 
-        types = sorted(RECORD_TYPES)
-    frame = load_polars(path_or_run, types=types, include_superseded=include_superseded)
-    return frame.to_pandas()
+    return fastload.load_polars(path_or_run, types=types, include_superseded=include_superseded).to_pandas()
