@@ -162,3 +162,12 @@ def test_off_by_config_and_for_gzip(tmp_path):
     assert not (gz.log_dir / columnar.SIDECAR_DIR).exists() and flightlog.load(gz)["step"].nunique() == 59
     with pytest.raises(ConfigError, match="columnar"):
         start_run(tmp_path, output_dir=tmp_path / "bad", columnar="yes")
+
+
+def test_small_run_writes_no_sidecar(tmp_path, monkeypatch):
+    """A process that never filled a chunk leaves no train.cols/ (its JSONL parses fast)."""
+    monkeypatch.setattr(columnar, "CHUNK_RECORDS", 1000)
+    run = start_run(tmp_path)
+    log_steps(run, range(1, 100))
+    run.finish()
+    assert sorted(p.name for p in run.log_dir.iterdir()) == ["run.json", "train.jsonl"]

@@ -3,8 +3,8 @@ run never has to parse gigabytes of JSON (``flightlog.load`` reads this copy, co
 
 The JSONL stream stays the record of truth. After the JSONL sink has written a batch it
 hands the records and the file offset they end at to :class:`ColumnarSidecar`, which
-keeps them in memory and, every ``CHUNK_RECORDS`` records and when the run closes,
-writes one Arrow IPC file per record type to ``logs/train.cols/`` and then appends one
+keeps them in memory and, every ``CHUNK_RECORDS`` records (and when a run that wrote
+chunks closes), writes one Arrow IPC file per record type to ``logs/train.cols/`` and then appends one
 line to ``train.cols/chunks.jsonl`` naming the byte range ``[start, end)`` of
 ``train.jsonl`` that the chunk holds (with hashes of the bytes at both ends, so a
 rewritten stream is never served stale). A loader uses the chunks that match the file
@@ -68,6 +68,13 @@ class ColumnarSidecar:
         self.end = end_offset
         if len(self.records) >= self.chunk_records:
             self.write_chunk()
+
+    def close(self) -> None:
+        """The run ends: the last records become a chunk, unless this process never filled
+        one (a small stream parses fast; no ``train.cols/`` clutters a small run)."""
+        if self.chunks_written:
+            self.write_chunk()
+        self.records = []
 
     def write_chunk(self) -> None:
         """Write the buffered records as one chunk (best effort; off for good on any failure)."""

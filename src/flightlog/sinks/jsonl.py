@@ -178,7 +178,7 @@ class JsonlSink(BaseSink):
             self._finish_segment()
             self._write_pending()
             if self._sidecar is not None and not self._pending:
-                self._sidecar.write_chunk()
+                self._sidecar.close()
             if self.fsync_policy in ("flush", "finish"):
                 os.fsync(self._fd)
         finally:
