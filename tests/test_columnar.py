@@ -23,6 +23,7 @@ def small_chunks(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(columnar, "CHUNK_RECORDS", 40)  # many chunks from a small run
+    monkeypatch.setattr(columnar, "SLICE_RECORDS", 16)  # each converted in several slices
 
 
 def start_run(tmp_path, **kw):

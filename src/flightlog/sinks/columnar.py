@@ -19,6 +19,7 @@ the loader then simply parses more JSON.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import orjson
 SIDECAR_DIR = "train.cols"
 MANIFEST = "chunks.jsonl"
 CHUNK_RECORDS = 65_536
+SLICE_RECORDS = 16_384  # lines converted at a time (spreads the work over the chunk)
 EDGE_BYTES = 64  # bytes hashed at each end of a chunk's byte range
 FORMAT = 1
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S%.3fZ"
@@ -38,35 +40,64 @@ def edge_hash(data: bytes) -> str:
 
 
 class ColumnarSidecar:
-    """Buffers what the JSONL sink wrote and writes it as Arrow chunks (writer thread only)."""
+    """Buffers what the JSONL sink wrote and writes it as Arrow chunks (writer thread only).
+
+    The JSON lines the sink already encoded are parsed by Polars' NDJSON reader (the same
+    parser and type rules as the JSONL loader, so both give the same columns) in slices of
+    ``SLICE_RECORDS`` as they arrive. That parser releases the GIL: the training loop's
+    ``Run.log`` and the rest of its Python never wait for this work (``pl.from_dicts``
+    would hold the GIL for the whole conversion)."""
 
     def __init__(self, directory: str | os.PathLike[str], start_offset: int, chunk_records: int | None = None) -> None:
         self.folder = Path(directory) / SIDECAR_DIR
         self.chunk_records = chunk_records or CHUNK_RECORDS
-        self.start = start_offset  # where the buffered records begin in train.jsonl
+        self.start = start_offset  # where the current chunk begins in train.jsonl
         self.end = start_offset
-        self.head = b""  # first bytes of the buffered range
-        self.tail = b""  # last bytes of the buffered range
-        self.records: list[dict[str, Any]] = []
-        self.segment: int | None = None  # None until this process's run_start is seen
+        self.head = b""  # first bytes of the chunk's range
+        self.tail = b""  # last bytes of the chunk's range
+        self.rows = 0  # records in the current chunk (converted or pending)
+        self.lines: list[bytes] = []  # encoded lines not yet converted
+        self.records: list[dict[str, Any]] = []  # the same records (for their keys)
+        self.schemas: dict[str, Any] = {}  # per type: the last flat schema Polars inferred
+        self.kinds: list[Any] = []  # their record types
+        self.pending_starts: list[tuple[int, dict[str, Any]]] = []  # (index in lines, run_start summary)
+        self.frames: dict[str, list[Any]] = {}  # converted slices of the chunk, by type
+        self.starts: list[dict[str, Any]] = []  # run_start records of the chunk (segment, resumed_from_step)
+        self.segment: int | None = None  # segment of the last converted record; None before this process's run_start
+        self.segment_in: int | None = None
         self.broken = False
         self.chunks_written = 0
 
-    def add(self, batch: list[dict[str, Any]], data: bytes, end_offset: int) -> None:
-        """``batch`` was written as ``data``, which ends at ``end_offset`` of the stream."""
+    def add(self, batch: list[dict[str, Any]], lines: list[bytes], data: bytes, end_offset: int) -> None:
+        """``batch`` was encoded as ``lines`` and written as ``data`` (their join), which ends
+        at ``end_offset`` of the stream."""
         if self.broken:
             return
         if end_offset - len(data) != self.end:  # bytes we did not see (a retry after ENOSPC)
             self.broken = True
             return
-        if not self.records:
+        from flightlog.protocol import RUN_START
+
+        if not self.rows:
             self.head = data[:EDGE_BYTES]
         elif len(self.head) < EDGE_BYTES:
             self.head = (self.head + data)[:EDGE_BYTES]
         self.tail = (self.tail + data)[-EDGE_BYTES:] if len(data) < EDGE_BYTES else data[-EDGE_BYTES:]
-        self.records.extend(batch)
         self.end = end_offset
-        if len(self.records) >= self.chunk_records:
+        kinds = [r.get("type") for r in batch]
+        if RUN_START in kinds:
+            for i, kind in enumerate(kinds):
+                if kind == RUN_START:
+                    record = batch[i]
+                    start = {"type": RUN_START, "segment": int(record.get("segment", 0) or 0), "resumed_from_step": record.get("resumed_from_step")}
+                    self.pending_starts.append((len(self.lines) + i, start))
+        self.lines += lines
+        self.records += batch
+        self.kinds += kinds
+        self.rows += len(lines)
+        if len(self.lines) >= SLICE_RECORDS:
+            self._guard(self._convert)
+        if self.rows >= self.chunk_records:
             self.write_chunk()
 
     def close(self) -> None:
@@ -74,59 +105,112 @@ class ColumnarSidecar:
         one (a small stream parses fast; no ``train.cols/`` clutters a small run)."""
         if self.chunks_written:
             self.write_chunk()
-        self.records = []
+        self.lines, self.records, self.kinds, self.pending_starts, self.frames = [], [], [], [], {}
 
     def write_chunk(self) -> None:
-        """Write the buffered records as one chunk (best effort; off for good on any failure)."""
-        if self.broken or not self.records:
-            return
-        try:
-            self._write_chunk()
-        except Exception:
-            self.broken = True
-        self.records = []
+        """Write the current chunk (best effort; off for good on any failure)."""
+        if self.rows and not self.broken:
+            self._guard(self._convert)
+            self._guard(self._write_chunk)
+        self.lines, self.records, self.kinds, self.pending_starts, self.frames, self.starts = [], [], [], [], {}, []
+        self.rows = 0
         self.start = self.end
         self.head = self.tail = b""
+        self.segment_in = self.segment
+
+    def _guard(self, step: Any) -> None:
+        if self.broken:
+            return
+        try:
+            step()
+        except Exception:
+            self.broken = True
+
+    def _convert(self) -> None:
+        """The pending lines as Arrow frames by type, with their segment and row in the chunk."""
+        if not self.lines:
+            return
+        import polars as pl
+
+        lines, records, kinds_list, pending_starts = self.lines, self.records, self.kinds, self.pending_starts
+        self.lines, self.records, self.kinds, self.pending_starts = [], [], [], []
+        first_row = self.rows - len(lines)
+        kinds = pl.Series("type", kinds_list, dtype=pl.String, strict=True)
+        if kinds.null_count():
+            raise ValueError("a record without a type")
+        if self.segment is None and (not pending_starts or pending_starts[0][0] != 0):
+            raise ValueError("a record before this process's run_start")
+        segment = None
+        if pending_starts:
+            is_start = pl.Series([False] * len(lines))
+            is_start = is_start.scatter([i for i, _ in pending_starts], True)
+            mapping = {-1: self.segment, **{n: start["segment"] for n, (_, start) in enumerate(pending_starts)}}
+            segment = (is_start.cast(pl.Int64).cum_sum() - 1).replace_strict(mapping, return_dtype=pl.Int64)
+            self.starts += [start for _, start in pending_starts]
+            self.segment = pending_starts[-1][1]["segment"]
+        unique = kinds.unique(maintain_order=True).to_list()
+        for kind in unique:
+            if len(unique) > 1:
+                rows = (kinds == kind).arg_true()
+                index = rows.to_list()
+                text = b"".join([lines[i] for i in index])
+                group = [records[i] for i in index]
+            else:
+                rows = pl.int_range(len(lines), dtype=pl.Int64, eager=True)
+                text = b"".join(lines)
+                group = records
+            frame = self._parse(str(kind), text, group)
+            if frame.height != len(rows):
+                raise ValueError("lines and rows disagree")
+            seg = pl.repeat(self.segment, len(rows), dtype=pl.Int64, eager=True) if segment is None else segment.gather(rows)
+            frame = restore_numeric(frame).with_columns(seg.alias("segment"), (rows.cast(pl.Int64) + first_row).alias("_row"))
+            if "timestamp" in frame.columns and frame.schema["timestamp"] == pl.String:
+                frame = frame.with_columns(pl.col("timestamp").str.to_datetime(TIMESTAMP_FORMAT, time_zone="UTC", strict=False))
+            self.frames.setdefault(str(kind), []).append(frame)
+
+    def _parse(self, kind: str, text: bytes, records: list[dict[str, Any]]) -> Any:
+        """Lines of one type as a frame, with the types Polars infers over all of them.
+
+        Inferring over every line is most of the cost, so the schema inferred for this type
+        is reused while it is flat and names every key; Polars refuses a value that does not
+        fit it (a float in an Int64 column, "NaN" in a Float64 one), and then it is inferred
+        again. (It would silently drop unknown keys and nested fields, hence the checks.)"""
+        import polars as pl
+
+        known = self.schemas.get(kind)
+        if known is not None and set().union(*[r.keys() for r in records]) <= known.keys():
+            try:
+                frame = pl.read_ndjson(io.BytesIO(text), schema=known)
+                return frame.select([c for c in frame.columns if frame.get_column(c).null_count() < frame.height])
+            except pl.exceptions.PolarsError:
+                pass
+        frame = pl.read_ndjson(io.BytesIO(text), infer_schema_length=None)
+        flat = all(not dtype.is_nested() and dtype != pl.Object for dtype in frame.schema.values())
+        if flat:
+            merged = dict(known or {})
+            for name, dtype in frame.schema.items():  # a column null in this slice keeps its earlier type
+                if dtype != pl.Null or name not in merged:
+                    merged[name] = dtype
+            self.schemas[kind] = merged
+        else:
+            self.schemas.pop(kind, None)
+        return frame
 
     def _write_chunk(self) -> None:
         import polars as pl
 
-        from flightlog.protocol import RUN_START
-
-        by_type: dict[str, tuple[list[dict[str, Any]], list[int], list[int]]] = {}
-        starts: list[dict[str, Any]] = []
-        seg_in = self.segment
-        segment = self.segment
-        for row, record in enumerate(self.records):
-            kind = record.get("type")
-            if kind == RUN_START:
-                segment = int(record.get("segment", 0) or 0)
-                starts.append({"type": RUN_START, "segment": segment, "resumed_from_step": record.get("resumed_from_step")})
-            if segment is None or type(kind) is not str:
-                raise ValueError("a record before this process's run_start")
-            group = by_type.get(kind)
-            if group is None:
-                group = by_type[kind] = ([], [], [])
-            group[0].append(record)
-            group[1].append(segment)
-            group[2].append(row)
         self.folder.mkdir(exist_ok=True)
         counts = {}
-        for kind, (records, segments, rows) in by_type.items():
-            frame = pl.from_dicts(records, infer_schema_length=None, strict=False)
-            frame = restore_numeric(frame).with_columns(
-                pl.Series("segment", segments, dtype=pl.Int64), pl.Series("_row", rows, dtype=pl.Int64)
-            )
-            if "timestamp" in frame.columns and frame.schema["timestamp"] == pl.String:
-                frame = frame.with_columns(pl.col("timestamp").str.to_datetime(TIMESTAMP_FORMAT, time_zone="UTC", strict=False))
+        for kind, parts in self.frames.items():
+            frame = pl.concat(parts, how="diagonal_relaxed") if len(parts) > 1 else parts[0]
             target = self.folder / chunk_file(self.start, kind)
             tmp = target.with_name(f".{target.name}.tmp")
             frame.write_ipc(tmp)
             os.replace(tmp, target)
             counts[kind] = frame.height
         line = {
-            "format": FORMAT, "start": self.start, "end": self.end, "rows": len(self.records), "types": counts,
-            "segment_in": seg_in, "segment_out": segment, "run_starts": starts,
+            "format": FORMAT, "start": self.start, "end": self.end, "rows": self.rows, "types": counts,
+            "segment_in": self.segment_in, "segment_out": self.segment, "run_starts": self.starts,
             "head": edge_hash(self.head), "tail": edge_hash(self.tail),
         }  # fmt: skip
         fd = os.open(self.folder / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -134,7 +218,6 @@ class ColumnarSidecar:
             os.write(fd, orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
         finally:
             os.close(fd)
-        self.segment = segment
         self.chunks_written += 1
 
 

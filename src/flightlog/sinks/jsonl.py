@@ -112,14 +112,15 @@ class JsonlSink(BaseSink):
     # ------------------------------------------------------------------ sink API
     def write(self, batch: list[Record]) -> None:
         dumps, option = orjson.dumps, ENCODE_OPTIONS
-        data = b"".join([dumps(r, option=option) for r in batch])
+        lines = [dumps(r, option=option) for r in batch]
+        data = b"".join(lines)
         if self.compress:
             data = self._compressor.compress(data)
         self._pending += data
         self._dirty = True
         self._write_pending()
         if self._sidecar is not None:
-            self._sidecar.add(batch, data, self._good_offset)
+            self._sidecar.add(batch, lines, data, self._good_offset)
         if self.compress and self._segment_bytes_written >= self.segment_bytes:
             self._pending += self._compressor.flush(zlib.Z_SYNC_FLUSH)
             self._rotate()
