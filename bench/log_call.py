@@ -163,8 +163,8 @@ def writer_throughput(tmp: Path, n: int = 300_000, columnar: bool = True) -> tup
     t_finish = time.perf_counter()
     run.finish()
     durable = time.perf_counter() - t_finish
-    lines = sum(1 for _ in open(run.log_dir / "train.jsonl", "rb"))
-    assert lines == n + 1000 + 2, lines
+    metrics = sum(1 for line in open(run.log_dir / "train.jsonl", "rb") if line.startswith(b'{"type":"metrics"'))
+    assert metrics == n + 1000, metrics  # (the diagnosis rules may add alerts and events)
     return n / (drained - start), durable
 
 

@@ -30,6 +30,7 @@ SIDECAR_DIR = "train.cols"
 MANIFEST = "chunks.jsonl"
 CHUNK_RECORDS = 65_536
 SLICE_RECORDS = 16_384  # lines converted at a time (spreads the work over the chunk)
+MAX_QUEUED = 16  # slices waiting for the converter before the sidecar gives up
 EDGE_BYTES = 64  # bytes hashed at each end of a chunk's byte range
 FORMAT = 1
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S%.3fZ"
@@ -40,34 +41,42 @@ def edge_hash(data: bytes) -> str:
 
 
 class ColumnarSidecar:
-    """Buffers what the JSONL sink wrote and writes it as Arrow chunks (writer thread only).
+    """Collects what the JSONL sink wrote (on the writer thread: list appends only) and
+    converts and writes it as Arrow chunks on a thread of its own.
 
     The JSON lines the sink already encoded are parsed by Polars' NDJSON reader (the same
     parser and type rules as the JSONL loader, so both give the same columns) in slices of
-    ``SLICE_RECORDS`` as they arrive. That parser releases the GIL: the training loop's
-    ``Run.log`` and the rest of its Python never wait for this work (``pl.from_dicts``
-    would hold the GIL for the whole conversion)."""
+    ``SLICE_RECORDS``. That parser releases the GIL, so neither the writer thread nor the
+    training loop's ``Run.log`` waits for this work (``pl.from_dicts`` would hold the GIL
+    for the whole conversion). If the converter falls more than ``MAX_QUEUED`` slices
+    behind, the sidecar is switched off rather than hold the writer or memory."""
 
     def __init__(self, directory: str | os.PathLike[str], start_offset: int, chunk_records: int | None = None) -> None:
         self.folder = Path(directory) / SIDECAR_DIR
         self.chunk_records = chunk_records or CHUNK_RECORDS
+        # writer-thread side: the current chunk
         self.start = start_offset  # where the current chunk begins in train.jsonl
         self.end = start_offset
         self.head = b""  # first bytes of the chunk's range
         self.tail = b""  # last bytes of the chunk's range
-        self.rows = 0  # records in the current chunk (converted or pending)
-        self.lines: list[bytes] = []  # encoded lines not yet converted
+        self.rows = 0  # records in the current chunk (handed over or pending)
+        self.lines: list[bytes] = []  # encoded lines not yet handed to the converter
         self.records: list[dict[str, Any]] = []  # the same records (for their keys)
-        self.schemas: dict[str, Any] = {}  # per type: the last flat schema Polars inferred
         self.kinds: list[Any] = []  # their record types
         self.pending_starts: list[tuple[int, dict[str, Any]]] = []  # (index in lines, run_start summary)
+        self.chunks_started = 0
+        self.broken = False
+        self._jobs: Any = None
+        self._thread: Any = None
+        # converter-thread side
+        self.schemas: dict[str, Any] = {}  # per type: the last flat schema Polars inferred
         self.frames: dict[str, list[Any]] = {}  # converted slices of the chunk, by type
         self.starts: list[dict[str, Any]] = []  # run_start records of the chunk (segment, resumed_from_step)
         self.segment: int | None = None  # segment of the last converted record; None before this process's run_start
         self.segment_in: int | None = None
-        self.broken = False
         self.chunks_written = 0
 
+    # ------------------------------------------------------------------ writer thread
     def add(self, batch: list[dict[str, Any]], lines: list[bytes], data: bytes, end_offset: int) -> None:
         """``batch`` was encoded as ``lines`` and written as ``data`` (their join), which ends
         at ``end_offset`` of the stream."""
@@ -96,45 +105,80 @@ class ColumnarSidecar:
         self.kinds += kinds
         self.rows += len(lines)
         if len(self.lines) >= SLICE_RECORDS:
-            self._guard(self._convert)
+            self._hand_over_slice()
         if self.rows >= self.chunk_records:
-            self.write_chunk()
+            self.end_chunk()
 
-    def close(self) -> None:
-        """The run ends: the last records become a chunk, unless this process never filled
-        one (a small stream parses fast; no ``train.cols/`` clutters a small run)."""
-        if self.chunks_written:
-            self.write_chunk()
-        self.lines, self.records, self.kinds, self.pending_starts, self.frames = [], [], [], [], {}
+    def _hand_over_slice(self) -> None:
+        if self.lines:
+            self._submit(("slice", self.lines, self.records, self.kinds, self.pending_starts, self.rows - len(self.lines)))
+        self.lines, self.records, self.kinds, self.pending_starts = [], [], [], []
 
-    def write_chunk(self) -> None:
-        """Write the current chunk (best effort; off for good on any failure)."""
+    def end_chunk(self) -> None:
+        """The current chunk is complete: have it written."""
         if self.rows and not self.broken:
-            self._guard(self._convert)
-            self._guard(self._write_chunk)
-        self.lines, self.records, self.kinds, self.pending_starts, self.frames, self.starts = [], [], [], [], {}, []
+            self._hand_over_slice()
+            self._submit(("chunk", {"start": self.start, "end": self.end, "rows": self.rows, "head": self.head, "tail": self.tail}))
+            self.chunks_started += 1
+        self.lines, self.records, self.kinds, self.pending_starts = [], [], [], []
         self.rows = 0
         self.start = self.end
         self.head = self.tail = b""
-        self.segment_in = self.segment
 
-    def _guard(self, step: Any) -> None:
+    def close(self) -> None:
+        """The run ends: the last records become a chunk, unless this process never filled
+        one (a small stream parses fast; no ``train.cols/`` clutters a small run); then the
+        converter finishes its work."""
+        if self.chunks_started:
+            self.end_chunk()
+        self.lines, self.records, self.kinds, self.pending_starts = [], [], [], []
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _submit(self, job: tuple[Any, ...]) -> None:
+        import queue
+        import threading
+
         if self.broken:
             return
+        if self._thread is None:
+            self._jobs = queue.Queue(maxsize=MAX_QUEUED)
+            self._thread = threading.Thread(target=self._work, name="flightlog-columnar", daemon=True)
+            self._thread.start()
         try:
-            step()
-        except Exception:
-            self.broken = True
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            self.broken = True  # the converter cannot keep up: stop rather than slow the writer
 
-    def _convert(self) -> None:
-        """The pending lines as Arrow frames by type, with their segment and row in the chunk."""
-        if not self.lines:
-            return
+    # ------------------------------------------------------------------ converter thread
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if self.broken:
+                    continue
+                if job[0] == "slice":
+                    self._convert(*job[1:])
+                else:
+                    self._write_chunk(job[1])
+            except Exception:
+                self.broken = True
+            finally:
+                self._jobs.task_done()
+
+    def wait(self) -> None:
+        """Until every chunk handed over so far is written (tests, benchmarks)."""
+        if self._jobs is not None:
+            self._jobs.join()
+
+    def _convert(self, lines: list[bytes], records: list[dict[str, Any]], kinds_list: list[Any], pending_starts: list[tuple[int, dict[str, Any]]], first_row: int) -> None:
+        """Lines as Arrow frames by type, with their segment and row in the chunk."""
         import polars as pl
 
-        lines, records, kinds_list, pending_starts = self.lines, self.records, self.kinds, self.pending_starts
-        self.lines, self.records, self.kinds, self.pending_starts = [], [], [], []
-        first_row = self.rows - len(lines)
         kinds = pl.Series("type", kinds_list, dtype=pl.String, strict=True)
         if kinds.null_count():
             raise ValueError("a record without a type")
@@ -196,22 +240,22 @@ class ColumnarSidecar:
             self.schemas.pop(kind, None)
         return frame
 
-    def _write_chunk(self) -> None:
+    def _write_chunk(self, chunk: dict[str, Any]) -> None:
         import polars as pl
 
         self.folder.mkdir(exist_ok=True)
         counts = {}
         for kind, parts in self.frames.items():
             frame = pl.concat(parts, how="diagonal_relaxed") if len(parts) > 1 else parts[0]
-            target = self.folder / chunk_file(self.start, kind)
+            target = self.folder / chunk_file(chunk["start"], kind)
             tmp = target.with_name(f".{target.name}.tmp")
             frame.write_ipc(tmp)
             os.replace(tmp, target)
             counts[kind] = frame.height
         line = {
-            "format": FORMAT, "start": self.start, "end": self.end, "rows": self.rows, "types": counts,
+            "format": FORMAT, "start": chunk["start"], "end": chunk["end"], "rows": chunk["rows"], "types": counts,
             "segment_in": self.segment_in, "segment_out": self.segment, "run_starts": self.starts,
-            "head": edge_hash(self.head), "tail": edge_hash(self.tail),
+            "head": edge_hash(chunk["head"]), "tail": edge_hash(chunk["tail"]),
         }  # fmt: skip
         fd = os.open(self.folder / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -219,6 +263,8 @@ class ColumnarSidecar:
         finally:
             os.close(fd)
         self.chunks_written += 1
+        self.frames, self.starts = {}, []
+        self.segment_in = self.segment
 
 
 def chunk_file(start: int, kind: str) -> str:

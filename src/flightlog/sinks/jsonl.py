@@ -178,7 +178,9 @@ class JsonlSink(BaseSink):
         try:
             self._finish_segment()
             self._write_pending()
-            if self._sidecar is not None and not self._pending:
+            if self._sidecar is not None:
+                if self._pending:
+                    self._sidecar.broken = True  # the stream is short of what it was given
                 self._sidecar.close()
             if self.fsync_policy in ("flush", "finish"):
                 os.fsync(self._fd)
