@@ -30,6 +30,7 @@ SIDECAR_DIR = "train.cols"
 MANIFEST = "chunks.jsonl"
 CHUNK_RECORDS = 65_536
 SLICE_RECORDS = 16_384  # lines converted at a time (spreads the work over the chunk)
+THREADED = True  # convert on a thread of the sidecar's own (False: on the writer thread)
 MAX_QUEUED = 16  # slices waiting for the converter before the sidecar gives up
 EDGE_BYTES = 64  # bytes hashed at each end of a chunk's byte range
 FORMAT = 1
@@ -143,6 +144,9 @@ class ColumnarSidecar:
 
         if self.broken:
             return
+        if not THREADED:
+            self._run(job)
+            return
         if self._thread is None:
             self._jobs = queue.Queue(maxsize=MAX_QUEUED)
             self._thread = threading.Thread(target=self._work, name="flightlog-columnar", daemon=True)
@@ -159,16 +163,20 @@ class ColumnarSidecar:
             if job is None:
                 return
             try:
-                if self.broken:
-                    continue
-                if job[0] == "slice":
-                    self._convert(*job[1:])
-                else:
-                    self._write_chunk(job[1])
-            except Exception:
-                self.broken = True
+                self._run(job)
             finally:
                 self._jobs.task_done()
+
+    def _run(self, job: tuple[Any, ...]) -> None:
+        if self.broken:
+            return
+        try:
+            if job[0] == "slice":
+                self._convert(*job[1:])
+            else:
+                self._write_chunk(job[1])
+        except Exception:
+            self.broken = True
 
     def wait(self) -> None:
         """Until every chunk handed over so far is written (tests, benchmarks)."""
