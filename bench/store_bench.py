@@ -3,9 +3,12 @@
     python bench/store_bench.py                    # 1,000,000 records, 10,000 runs
     python bench/store_bench.py --records 200000 --runs 2000 --repeat 1
 
-Loading compares what users would write (``pandas.read_json(path, lines=True)``) with
-``flightlog.load`` (pandas DataFrame) and ``load_polars`` (Polars DataFrame), on the same
-file, in the same process. The index part times ``RunIndex.query`` and the whole
+The stream is written through the real JSONL sink with its columnar sidecar (and once
+without, to show the sidecar's cost). Loading compares what users would write
+(``pandas.read_json(path, lines=True)``) with the loader before (``reader.load_polars``,
+line by line), JSON parsing alone (``sidecar=False``) and ``flightlog.load`` (cold: no
+cache under FLIGHTLOG_HOME, the sidecar read as the writer left it), on the same file, in
+the same process. The index part times ``RunIndex.query`` and the whole
 ``flightlog ls --where`` command (a fresh process, Python start-up included).
 Prints a table; figures go to docs/benchmarks.md.
 """
@@ -61,40 +64,38 @@ def records_of(records: int, seed: int = 0):
     yield {"type": "run_end", "timestamp": format_timestamp(t0 + step), "run_id": run_id, "step": step, "status": "finished", "summary": {}}
 
 
-def write_stream(path: Path, records: int, seed: int = 0, batch: int = 1000) -> tuple[int, float, float]:
-    """Writes the stream through the real JSONL sink, as the writer thread does (batches of
-    ``batch`` records), once with the columnar sidecar into ``path``'s folder and once
-    without into a scratch folder. Returns (records, seconds without, seconds with sidecar):
-    the writer-thread cost of the sidecar."""
+def write_stream(path: Path, records: int, seed: int = 0, batch: int = 1000) -> list[tuple[str, str, str, str]]:
+    """Writes the stream through the real JSONL sink as the writer thread does (batches of
+    ``batch`` records): once without the columnar sidecar into a scratch folder, then with
+    it into ``path``'s folder. Rows: the time spent in the sink's calls (what the writer
+    thread waits for) and the process CPU of each pass (the same records are generated in
+    both, so the difference is the sidecar's CPU, its converter thread included)."""
     from flightlog.sinks.jsonl import JsonlSink
 
-    with_cols = JsonlSink(path.parent, fsync="never", columnar=True)
-    plain_dir = path.parent.parent / "plain"
-    plain = JsonlSink(plain_dir, fsync="never", columnar=False)
-    t_plain = t_cols = 0.0
-    n = 0
-    source = records_of(records, seed)
-    while True:
-        chunk = [r for _, r in zip(range(batch), source)]
-        if not chunk:
-            break
-        n += len(chunk)
+    rows = []
+    for columnar in (False, True):
+        folder = path.parent if columnar else path.parent.parent / "plain"
+        gc.collect()
+        cpu = time.process_time()
+        sink = JsonlSink(folder, fsync="never", columnar=columnar)
+        spent, n = 0.0, 0
+        source = records_of(records, seed)
+        while chunk := [r for _, r in zip(range(batch), source)]:
+            n += len(chunk)
+            start = time.perf_counter()
+            sink.write(chunk)
+            spent += time.perf_counter() - start
         start = time.perf_counter()
-        plain.write(chunk)
-        t_plain += time.perf_counter() - start
-        start = time.perf_counter()
-        with_cols.write(chunk)
-        t_cols += time.perf_counter() - start
-    start = time.perf_counter()
-    plain.close()
-    t_plain += time.perf_counter() - start
-    start = time.perf_counter()
-    with_cols.close()
-    t_cols += time.perf_counter() - start
-    for f in plain_dir.iterdir():
-        f.unlink()
-    plain_dir.rmdir()
-    return n, t_plain, t_cols
+        sink.close()  # with the sidecar: also waits for its converter thread
+        spent += time.perf_counter() - start
+        cpu = time.process_time() - cpu
+        label = "JSONL sink + columnar sidecar (default)" if columnar else "JSONL sink alone (columnar=False)"
+        rows.append((f"writer: {label}", f"{n:,}", f"{spent:.2f}", f"CPU {cpu:.1f} s"))
+        if not columnar:
+            for f in folder.iterdir():
+                f.unlink()
+            folder.rmdir()
+    return rows
 
 
 def best_of(fn, repeat: int) -> tuple[float, object]:
@@ -116,14 +117,12 @@ def bench_load(records: int, repeat: int, tmp: Path) -> list[tuple[str, str, str
 
     path = tmp / "logs" / "train.jsonl"
     path.parent.mkdir(parents=True)
-    n, t_plain, t_cols = write_stream(path, records)
+    rows = write_stream(path, records)
+    n = int(rows[0][1].replace(",", ""))
     size = path.stat().st_size / 2**20
-    cols = sum(f.stat().st_size for f in (path.parent / "train.cols").iterdir()) / 2**20
+    cols_dir = path.parent / "train.cols"
+    cols = sum(f.stat().st_size for f in cols_dir.iterdir()) / 2**20 if cols_dir.exists() else 0.0
     print(f"stream: {n:,} records, {size:.0f} MiB at {path}; columnar sidecar {cols:.0f} MiB", file=sys.stderr)
-    rows = [
-        ("writer: JSONL sink alone, 1000-record batches", f"{n:,}", f"{t_plain:.2f}", f"{n / t_plain / 1e3:.0f}k rec/s"),
-        ("writer: JSONL sink + columnar sidecar", f"{n:,}", f"{t_cols:.2f}", f"{n / t_cols / 1e3:.0f}k rec/s"),
-    ]
     t_pandas, frame = best_of(lambda: pd.read_json(path, lines=True), 1)
     rows.append(("pandas.read_json(lines=True), all records", f"{len(frame):,}", f"{t_pandas:.2f}", "1.0x"))
     del frame

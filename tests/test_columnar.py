@@ -172,3 +172,21 @@ def test_small_run_writes_no_sidecar(tmp_path, monkeypatch):
     log_steps(run, range(1, 100))
     run.finish()
     assert sorted(p.name for p in run.log_dir.iterdir()) == ["run.json", "train.jsonl"]
+
+
+def test_types_that_change_between_slices(tmp_path):
+    """Slices reuse the schema Polars inferred, never at the cost of a value: ints that turn
+    float, numbers that turn "NaN", a number column that turns text, a key first seen late."""
+    run = start_run(tmp_path)
+    for step in range(1, 200):
+        metrics = {"x": step if step < 50 else step + 0.5, "loss": math.nan if step == 120 else 1.0 / step}
+        metrics["note"] = 1.5 if step < 150 else "n/a"
+        if step == 170:
+            metrics["late_key"] = 7
+        run.log(metrics, step=step)
+    run.finish()
+    frame = same(run.log_dir)
+    assert frame.schema["x"] == pl.Float64 and frame.filter(pl.col("step") == 60)["x"][0] == 60.5
+    assert math.isnan(frame.filter(pl.col("step") == 120)["loss"][0])
+    assert frame.filter(pl.col("step") == 170)["late_key"].to_list() == [7] and frame["late_key"].null_count() == 198
+    assert frame.filter(pl.col("step") == 160)["note"].to_list() == ["n/a"]

@@ -1,5 +1,10 @@
-"""The fast path from a stream file to a DataFrame: vectorised line handling, Arrow's
-multi-threaded JSON parser, and a columnar cache for streams that were read before.
+"""The fast path from a stream file to a DataFrame (what ``flightlog.load`` uses): the
+writer's columnar sidecar, else vectorised JSON parsing, else a columnar cache.
+
+``train.jsonl`` written with ``columnar=True`` (the default) has Arrow chunks in
+``train.cols/`` (:mod:`flightlog.sinks.columnar`); the chunks whose edge hashes match
+the file are read as they are and only the bytes no chunk covers are parsed as JSON, so
+even the first load of a big run parses almost no JSON.
 
 :func:`flightlog.store.reader.load_polars` walks the lines in Python to sort them by
 type; here that happens inside Polars: the file is read as one string column, the

@@ -4,8 +4,9 @@ Two paths share one file scan:
 
 * :func:`read_records` yields plain dicts (non-finite numbers restored), for tools
   that walk records one by one (doctor, importers, tail).
-* :func:`load_polars` / :func:`load` build a DataFrame with Polars' multi-threaded
-  NDJSON reader. Our writer puts ``type`` first on every line, so lines are sorted by
+* :func:`load_polars` builds a DataFrame with Polars' multi-threaded NDJSON reader; it
+  is the careful reference that :mod:`flightlog.store.fastload` falls back to, and
+  :func:`load` (``flightlog.load``) goes through the fast loader. Our writer puts ``type`` first on every line, so lines are sorted by
   type with a byte-prefix check and only the rare ``run_start`` lines are decoded in
   Python (to find segments and resumes).
 
