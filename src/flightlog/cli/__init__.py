@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("flightlog.cli.export", "export a run's records as CSV, Parquet or JSON Lines"),
     "tail": ("flightlog.cli.tail", "print a run's last records; -f follows it live"),
     "archive": ("flightlog.cli.archive", "archive a run as a verified tar.gz to a folder or fsspec URL"),
+    "resume": ("flightlog.cli.resume", "print (or --run) the command resuming a run from its newest valid checkpoint"),
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flightlog.protocol import METRICS, metric_goal
+from flightlog.protocol import metric_goal
 
 _SKIP = frozenset({"type", "timestamp", "run_id", "step", "epoch"})
 
