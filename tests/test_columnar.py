@@ -190,3 +190,33 @@ def test_types_that_change_between_slices(tmp_path):
     assert math.isnan(frame.filter(pl.col("step") == 120)["loss"][0])
     assert frame.filter(pl.col("step") == 170)["late_key"].to_list() == [7] and frame["late_key"].null_count() == 198
     assert frame.filter(pl.col("step") == 160)["note"].to_list() == ["n/a"]
+
+
+def test_damaged_sidecar_is_never_served(tmp_path):
+    """A torn manifest line costs only that chunk; a missing chunk file means a JSONL parse."""
+    run = start_run(tmp_path)
+    log_steps(run, range(1, 300))
+    run.finish()
+    expected = reader.load_polars(run.log_dir)
+    manifest = run.log_dir / columnar.SIDECAR_DIR / columnar.MANIFEST
+    manifest.write_bytes(manifest.read_bytes()[:-40])  # the last line torn (a crash mid-append)
+    assert same(run.log_dir).height == expected.height
+    next((run.log_dir / columnar.SIDECAR_DIR).glob("*.metrics.arrow")).unlink()
+    before = fastload.sidecar_files
+    assert fastload.load_polars(run.log_dir, cache=False)["step"].to_list() == expected["step"].to_list()
+    assert fastload.sidecar_files == before
+
+
+def test_gzip_segment_then_plain_stream_with_sidecar(tmp_path):
+    """A first process wrote gzip segments, the resumed one a plain stream with chunks."""
+    first = start_run(tmp_path, compress=True)
+    log_steps(first, range(1, 80))
+    first.finish("failed")
+    second = start_run(tmp_path, resumed_from_step=60)
+    log_steps(second, range(61, 200))
+    second.finish()
+    assert list(second.log_dir.glob("train.*.jsonl.gz")) and (second.log_dir / columnar.SIDECAR_DIR).is_dir()
+    frame = same(second.log_dir)
+    steps = frame.filter(pl.col("loss").is_not_null() | pl.col("loss").is_nan())
+    assert steps["step"].to_list() == list(range(1, 200))
+    assert steps.filter(pl.col("step") == 70)["segment"].to_list() == [1]
