@@ -343,7 +343,9 @@ def load(
     Accepts a :class:`flightlog.Run`, a run's log directory, its output directory
     (``OUTPUT_DIR/logs`` is found), or one stream file. Non-finite numbers come back as
     floats, torn last lines are skipped with a :class:`StreamWarning`, and records
-    superseded by a resumed segment are hidden.
+    superseded by a resumed segment are hidden. Rows are in file order; columns null in
+    every row are left out. Read through :mod:`flightlog.store.fastload` (the writer's
+    columnar sidecar where there is one), which hands anything unusual to :func:`load_polars`.
     """
     from flightlog.store import fastload
 
