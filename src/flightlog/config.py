@@ -76,7 +76,7 @@ class Config:
     segment_bytes: int = 64 * 1024 * 1024
     """Rotate a gzip segment when its compressed size passes this."""
     columnar: bool = True
-    """Also keep an Arrow copy of ``train.jsonl`` in ``logs/train.cols/`` (writer thread) so ``flightlog.load`` needs no JSON parsing; plain (uncompressed) streams only."""
+    """Also keep an Arrow copy of ``train.jsonl`` in ``logs/train.cols/`` (off the hot path) so ``flightlog.load`` parses no JSON; plain streams only."""
     csv_compress: bool = False
     """Write the CSV sink's file as ``metrics.csv.gz``."""
     redact: bool = True

@@ -120,7 +120,10 @@ class JsonlSink(BaseSink):
         self._dirty = True
         self._write_pending()
         if self._sidecar is not None:
-            self._sidecar.add(batch, lines, data, self._good_offset)
+            try:
+                self._sidecar.add(batch, lines, data, self._good_offset)
+            except Exception:  # the stream is written; a sidecar problem must not fail it
+                self._sidecar.broken = True
         if self.compress and self._segment_bytes_written >= self.segment_bytes:
             self._pending += self._compressor.flush(zlib.Z_SYNC_FLUSH)
             self._rotate()
@@ -178,12 +181,15 @@ class JsonlSink(BaseSink):
         try:
             self._finish_segment()
             self._write_pending()
-            if self._sidecar is not None:
-                if self._pending:
-                    self._sidecar.broken = True  # the stream is short of what it was given
-                self._sidecar.close()
             if self.fsync_policy in ("flush", "finish"):
                 os.fsync(self._fd)
+            if self._sidecar is not None:  # after the fsync: the stream is durable first
+                if self._pending:
+                    self._sidecar.broken = True  # the stream is short of what it was given
+                try:
+                    self._sidecar.close()
+                except Exception:
+                    pass
         finally:
             os.close(self._fd)
             self._fd = -1
