@@ -1,0 +1,246 @@
+"""Step-time overhead of flightlog with every collector on, in a real CPU training loop.
+
+    .venv/bin/python bench/collectors_overhead.py [--runs 3] [--pairs 100] [--block 20]
+
+(The script pins MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_ as
+shared/BENCHMARKING.md asks, re-executing itself if they are not set.)
+
+One process per run. Inside it, blocks of ``--block`` steps of the same model alternate
+between the bare loop ("off") and the loop under flightlog ("on": StepTimer + all
+Collectors — step/data time, throughput, lr, stage, precision, fused adapter/backbone
+gradient norms, psutil on the writer thread; GPU memory skipped on the CPU — one
+record every 10 steps with the loss tensor, JSONL sink). Wall-time overhead of a run =
+median over the pairs of (on - off) / off. CPU-time overhead = the same for the
+training thread's CPU time, plus all the CPU time the writer thread used, divided by the
+"off" CPU time (so work the writer does between blocks is counted, not lost). The
+control pairs two "off" blocks: its figure is the noise floor. Reported: the median of
+the runs. A third child times each piece flightlog adds on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TRIM_THRESHOLD_": "268435456", "MALLOC_TOP_PAD_": "67108864"}
+LOGGING_STEPS = 10
+
+
+def one_run(pairs: int, block: int, control: bool, components: bool = False, without: frozenset[str] = frozenset()) -> dict[str, float]:
+    import torch
+    from torch import nn
+
+    import flightlog
+    from flightlog.collect import Collectors, StepTimer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class LoRALinear(nn.Module):
+        def __init__(self, n: int, rank: int = 8) -> None:
+            super().__init__()
+            self.base = nn.Linear(n, n)
+            self.lora_A = nn.Linear(n, rank, bias=False)
+            self.lora_B = nn.Linear(rank, n, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base(x) + self.lora_B(self.lora_A(x))
+
+    vocab, context, batch = 64, 8, 64
+    model = nn.Sequential(
+        nn.Embedding(vocab, 16), nn.Flatten(), nn.Linear(16 * context, 128), nn.GELU(),
+        LoRALinear(128), nn.GELU(), nn.Linear(128, vocab),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=500)
+    loss_fn = nn.CrossEntropyLoss()
+    data = torch.randint(0, vocab, (200_000,))
+
+    def batches(n: int):
+        starts = torch.randint(0, len(data) - context - 1, (n, batch))
+        for row in starts:
+            idx = row.unsqueeze(1) + torch.arange(context)
+            yield data[idx], data[row + context]
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        return loss
+
+    def block_off() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for x, y in batches(block):
+            train_step(x, y)
+        return time.perf_counter() - t0, time.thread_time() - c0
+
+    out_dir = tempfile.mkdtemp(prefix="fl-bench-")
+    run = flightlog.init(output_dir=out_dir, sinks=["jsonl"], install_signal_handlers=False, logging_steps=LOGGING_STEPS)
+    collectors = None if "collectors" in without else Collectors(
+        model=model, optimizer=opt, scheduler=sched, grad_norms="grads" not in without, system="system" not in without
+    )
+    timer = StepTimer(run, collectors=collectors, batch_size=batch, tokens_per_step=batch * context)
+
+    def block_on() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for x, y in timer.data(batches(block)):
+            with timer.step() as step:
+                step.log(loss=train_step(x, y).detach())
+        return time.perf_counter() - t0, time.thread_time() - c0
+
+    writer_clock = time.pthread_getcpuclockid(run.writer._thread.ident)
+
+    if components:
+        return component_costs(model, opt, sched, run, timer, block_off, block)
+
+    second = block_off if control else block_on
+    for _ in range(3):  # warm-up: allocator, autograd caches, writer thread
+        block_off(), second()
+    ratios, cpu_ratios, off_total, on_total, off_cpu = [], [], 0.0, 0.0, 0.0
+    writer_start = time.clock_gettime(writer_clock)
+    for i in range(pairs):
+        if i % 2 == 0:
+            a, b = block_off(), second()
+        else:
+            b, a = second(), block_off()
+        ratios.append((b[0] - a[0]) / a[0])
+        cpu_ratios.append((b[1] - a[1]) / a[1])
+        off_total += a[0]
+        on_total += b[0]
+        off_cpu += a[1]
+    run.flush()
+    writer_cpu = time.clock_gettime(writer_clock) - writer_start
+    run.finish()
+    records = sum(1 for line in open(os.path.join(out_dir, "logs", "train.jsonl")) if '"metrics"' in line[:30])
+    return {
+        "median_pair_overhead": statistics.median(ratios),
+        # training thread's CPU time (paired) + the writer thread's CPU time over the same steps
+        "median_pair_cpu_overhead": statistics.median(cpu_ratios) + writer_cpu / off_cpu,
+        "writer_cpu_share": writer_cpu / off_cpu,
+        "total_overhead": on_total / off_total - 1,
+        "step_ms": 1000 * off_total / (pairs * block),
+        "records": records,
+    }
+
+
+def component_costs(model, opt, sched, run, timer, block_off, block) -> dict[str, float]:
+    """Each piece flightlog adds, timed alone (best of 5 repetitions, in microseconds)."""
+    from flightlog.collect import Collectors, SystemStats
+
+    def best(fn, n: int, reps: int = 5) -> float:
+        out = []
+        for _ in range(reps):
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out.append((time.perf_counter() - t0) / n * 1e6)
+        return min(out)
+
+    block_off()  # leaves gradients in place for the norm
+    step_us = min(block_off()[0] for _ in range(3)) / block * 1e6
+    collectors = Collectors(model=model, optimizer=opt, scheduler=sched, system=False)
+    collect_us = best(lambda: collectors.collect(10), 500)
+    bare = flightlog_timer_only(run)
+    timer_us = best(bare, 5000)
+    log_us = best(lambda: run.log({"loss": 1.0, "step_time_s": 0.1}), 5000)
+    psutil_us = best(SystemStats(".").read, 200)
+    run.finish()
+    per_step = timer_us + (collect_us + log_us) / LOGGING_STEPS
+    return {
+        "step_us": step_us, "timer_us": timer_us, "collect_us": collect_us, "log_us": log_us,
+        "psutil_us": psutil_us, "per_step_us": per_step, "per_step_pct": 100 * per_step / step_us,
+    }
+
+
+def flightlog_timer_only(run):
+    from flightlog.collect import StepTimer
+
+    timer = StepTimer(run, logging_steps=10 ** 9)  # never emits: the per-step machinery alone
+    it = timer.data(iter(int, 1))
+
+    def step() -> None:
+        next(it)
+        with timer.step() as s:
+            s.log(loss=1.0)
+
+    return step
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--without", default="", help="comma list of parts to leave out of 'on': grads, system, collectors (to see what costs what)")
+    parser.add_argument("--no-control", action="store_true", help="skip the control runs")
+    parser.add_argument("--child", choices=["on", "control", "components"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if any(os.environ.get(k) != v for k, v in MALLOC.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
+    if args.child:
+        without = frozenset(w for w in args.without.split(",") if w)
+        print(json.dumps(one_run(args.pairs, args.block, args.child == "control", args.child == "components", without)))
+        return 0
+
+    results: dict[str, list[dict[str, float]]] = {"on": [], "control": []}
+    for _ in range(args.runs):
+        for kind in ("on",) if args.no_control else ("control", "on"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", kind, "--pairs", str(args.pairs), "--block", str(args.block), "--without", args.without],
+                capture_output=True, text=True, check=True,
+            )
+            results[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    out = subprocess.run([sys.executable, __file__, "--child", "components", "--block", str(args.block)], capture_output=True, text=True, check=True)
+    parts = json.loads(out.stdout.strip().splitlines()[-1])
+
+    import torch
+
+    import flightlog
+
+    print(f"flightlog {flightlog.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, {args.runs} runs x {args.pairs} pairs x {args.block} steps, record every {LOGGING_STEPS} steps")
+    print()
+    print("| loop | step time (off) | wall-time overhead per run (median of pairs) | median of runs | CPU-time overhead, median of runs |")
+    print("|---|---:|---|---:|---:|")
+    on_label = f"without {args.without}" if args.without else "all collectors, log every 10 steps"
+    for kind, label in (("control", "no-logging control (off vs off)"), ("on", on_label)):
+        runs = results[kind]
+        if not runs:
+            continue
+        per_run = ", ".join(f"{r['median_pair_overhead'] * 100:+.2f}%" for r in runs)
+        median = statistics.median(r["median_pair_overhead"] for r in runs)
+        step_ms = statistics.median(r["step_ms"] for r in runs)
+        cpu = statistics.median(r["median_pair_cpu_overhead"] for r in runs)
+        print(f"| {label} | {step_ms:.2f} ms | {per_run} | {median * 100:+.2f}% | {cpu * 100:+.2f}% |")
+    print()
+    print("records written per 'on' run:", [r["records"] for r in results["on"]],
+          "| writer thread CPU / training CPU:", ", ".join(f"{r['writer_cpu_share'] * 100:.2f}%" for r in results["on"]),
+          "| total-time overhead per 'on' run:", ", ".join(f"{r['total_overhead'] * 100:+.2f}%" for r in results["on"]))
+    print()
+    print("Each piece timed alone (best of 5, same model):")
+    print()
+    print("| piece | cost | paid |")
+    print("|---|---:|---|")
+    print(f"| bare training step | {parts['step_us']:.0f} µs | every step |")
+    print(f"| StepTimer (data wrapper + step context) | {parts['timer_us']:.2f} µs | every step |")
+    print(f"| Collectors.collect (lr, stage, precision, fused grad norms) | {parts['collect_us']:.1f} µs | every {LOGGING_STEPS} steps |")
+    print(f"| run.log of the record | {parts['log_us']:.2f} µs | every {LOGGING_STEPS} steps |")
+    print(f"| psutil sample (writer thread) | {parts['psutil_us']:.0f} µs | at most once a second |")
+    print(f"| training thread, per step | {parts['per_step_us']:.1f} µs = {parts['per_step_pct']:.2f}% of a step | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Step time, data-wait time and throughput, and a step context for plain loops.
+
+The training thread pays two ``perf_counter`` calls and a few additions a step.
+Figures are averages over the steps since the last record, so a record every N steps
+describes all N of them, not just the last.
+
+    timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt), batch_size=32)
+    for batch in timer.data(loader):          # time spent in next() is data-wait time
+        with timer.step() as step:            # forward, backward, optimizer step
+            loss = ...
+            step.log(loss=loss.detach())      # a record every logging_steps steps
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from flightlog.collect.collectors import Collectors
+    from flightlog.run import Run
+
+_clock = time.perf_counter
+
+
+class StepClock:
+    """Accumulates per-step times and sizes; ``take()`` returns the averages and starts over."""
+
+    __slots__ = ("steps", "step_s", "data_s", "samples", "tokens")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.step_s = 0.0
+        self.data_s = 0.0
+        self.samples: Any = 0
+        self.tokens: Any = 0
+
+    def add(self, step_s: float, data_s: float = 0.0, samples: Any = 0, tokens: Any = 0) -> None:
+        self.steps += 1
+        self.step_s += step_s
+        self.data_s += data_s
+        if samples is not None:
+            self.samples = self.samples + samples
+        if tokens is not None:
+            self.tokens = self.tokens + tokens
+
+    def take(self) -> dict[str, Any]:
+        """``step_time_s``, ``data_time_s`` and throughputs over the steps since the last call."""
+        if self.steps == 0:
+            return {}
+        out: dict[str, Any] = {
+            "step_time_s": self.step_s / self.steps,
+            "data_time_s": self.data_s / self.steps,
+        }
+        if self.step_s > 0:
+            if _nonzero(self.samples):
+                out["throughput_samples_per_sec"] = self.samples / self.step_s
+            if _nonzero(self.tokens):
+                # A tensor token count (attention_mask.sum()) stays a tensor: resolved by the writer.
+                out["throughput_tokens_per_sec"] = self.tokens / self.step_s
+        self.__init__()  # type: ignore[misc]
+        return out
+
+
+def _nonzero(value: Any) -> bool:
+    return value is not None and (hasattr(value, "shape") or value != 0)
+
+
+class StepTimer:
+    """Times the steps of a plain training loop and emits a metrics record every ``logging_steps``."""
+
+    def __init__(
+        self,
+        run: "Run",
+        *,
+        collectors: "Collectors | None" = None,
+        logging_steps: int | None = None,
+        batch_size: int | None = None,
+        tokens_per_step: int | None = None,
+        start_step: int = 0,
+    ) -> None:
+        for name, value in (("logging_steps", logging_steps), ("batch_size", batch_size), ("tokens_per_step", tokens_per_step)):
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"flightlog: StepTimer {name} must be an integer >= 1, got {value!r}")
+        if type(start_step) is not int or start_step < 0:
+            raise ValueError(f"flightlog: StepTimer start_step must be an integer >= 0, got {start_step!r}")
+        self.run = run
+        self.collectors = collectors
+        if collectors is not None:
+            collectors.attach(run)
+        self.logging_steps = logging_steps or run.config.logging_steps
+        if self.logging_steps % run.config.logging_steps:
+            raise ValueError(
+                f"flightlog: StepTimer logging_steps={self.logging_steps} is not a multiple of the run's "
+                f"logging_steps={run.config.logging_steps}, so the run would drop some of its records"
+            )
+        self.batch_size = batch_size
+        self.tokens_per_step = tokens_per_step
+        self.step_count = start_step  # completed steps
+        self.clock = StepClock()
+        self._data_s = 0.0
+        self._context = _Step(self)
+
+    # --------------------------------------------------------------- data wait
+    def data(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield from ``iterable``, counting the time spent waiting in ``next()`` as data time."""
+        iterator = iter(iterable)
+        while True:
+            t0 = _clock()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._data_s += _clock() - t0
+            yield item
+
+    def waiting(self) -> "_Waiting":
+        """``with timer.waiting(): batch = next(it)`` for loops that fetch data themselves."""
+        return _Waiting(self)
+
+    # --------------------------------------------------------------- steps
+    def step(self, *, samples: int | None = None, tokens: Any = None) -> "_Step":
+        """Context for one optimizer step. ``samples``/``tokens`` override the per-step defaults."""
+        ctx = self._context
+        ctx.samples = samples if samples is not None else self.batch_size
+        ctx.tokens = tokens if tokens is not None else self.tokens_per_step
+        return ctx
+
+    @property
+    def next_is_logged(self) -> bool:
+        return (self.step_count + 1) % self.logging_steps == 0
+
+    def _end(self, elapsed: float, ctx: "_Step") -> None:
+        data_s = self._data_s
+        self._data_s = 0.0
+        self.step_count += 1
+        self.clock.add(elapsed + data_s, data_s, ctx.samples, ctx.tokens)
+        if self.step_count % self.logging_steps:
+            ctx.metrics.clear()
+            return
+        metrics = ctx.metrics
+        ctx.metrics = {}
+        for key, value in self.clock.take().items():
+            metrics.setdefault(key, value)
+        if self.collectors is not None:
+            for key, value in self.collectors.collect(self.step_count).items():
+                metrics.setdefault(key, value)
+        self.run.log(metrics, step=self.step_count, epoch=ctx.epoch)
+        ctx.epoch = None
+
+
+class _Step:
+    """The reusable context object ``StepTimer.step()`` returns (no allocation per step)."""
+
+    __slots__ = ("timer", "t0", "metrics", "samples", "tokens", "epoch")
+
+    def __init__(self, timer: StepTimer) -> None:
+        self.timer = timer
+        self.t0 = 0.0
+        self.metrics: dict[str, Any] = {}
+        self.samples: Any = None
+        self.tokens: Any = None
+        self.epoch: float | None = None
+
+    def __enter__(self) -> "_Step":
+        timer = self.timer
+        if timer.collectors is not None and timer.next_is_logged:
+            timer.collectors.arm()
+        self.t0 = _clock()
+        return self
+
+    def log(self, metrics: dict[str, Any] | None = None, *, epoch: float | None = None, **values: Any) -> None:
+        """Metrics of this step (tensors welcome); written only if this step is a logging step."""
+        if metrics:
+            self.metrics.update(metrics)
+        if values:
+            self.metrics.update(values)
+        if epoch is not None:
+            self.epoch = epoch
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        elapsed = _clock() - self.t0
+        if exc_type is None:
+            self.timer._end(elapsed, self)
+        else:
+            self.metrics.clear()
+
+
+class _Waiting:
+    __slots__ = ("timer", "t0")
+
+    def __init__(self, timer: StepTimer) -> None:
+        self.timer = timer
+        self.t0 = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = _clock()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.timer._data_s += _clock() - self.t0

@@ -1,0 +1,257 @@
+"""Built-in collectors and the plain-loop StepTimer, in real CPU training loops."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn
+
+import flightlog
+from flightlog.collect import Collectors, GradNorms, StepTimer, SystemStats, stage, warmup_steps_of
+
+
+def records(run: flightlog.Run, kind: str = "metrics") -> list[dict[str, Any]]:
+    lines = (run.log_dir / "train.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+class LoRALinear(nn.Module):
+    """A frozen base layer plus a trainable low-rank update, named like peft's."""
+
+    def __init__(self, n_in: int, n_out: int, rank: int = 2) -> None:
+        super().__init__()
+        self.base = nn.Linear(n_in, n_out)
+        self.base.requires_grad_(False)
+        self.lora_A = nn.Linear(n_in, rank, bias=False)
+        self.lora_B = nn.Linear(rank, n_out, bias=False)
+        nn.init.normal_(self.lora_B.weight, std=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.lora_B(self.lora_A(x))
+
+
+def make_run(tmp_path: Path, **kw: Any) -> flightlog.Run:
+    return flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, **kw)
+
+
+class TestGradNorms:
+    def test_split_matches_reference(self) -> None:
+        """Total, adapter and backbone norms equal norms computed parameter by parameter."""
+        torch.manual_seed(0)
+        model = nn.Sequential(LoRALinear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        model(torch.randn(4, 8)).pow(2).sum().backward()
+        out = GradNorms(model.named_parameters()).compute()
+        adapter = [p.grad for n, p in model.named_parameters() if "lora_" in n]
+        backbone = [p.grad for n, p in model.named_parameters() if "lora_" not in n and p.grad is not None]
+        ref = lambda gs: math.sqrt(sum(float(g.pow(2).sum()) for g in gs))
+        assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in out.values())
+        assert float(out["grad_norm_adapter"]) == pytest.approx(ref(adapter), rel=1e-5)
+        assert float(out["grad_norm_backbone"]) == pytest.approx(ref(backbone), rel=1e-5)
+        assert float(out["grad_norm"]) == pytest.approx(ref(adapter + backbone), rel=1e-5)
+        assert float(out["grad_norm"]) == pytest.approx(float(nn.utils.clip_grad_norm_(model.parameters(), math.inf)), rel=1e-5)
+
+    def test_frozen_backbone_reads_zero_and_no_adapter_no_split(self) -> None:
+        model = LoRALinear(4, 4)
+        model(torch.randn(2, 4)).sum().backward()
+        out = GradNorms(model.named_parameters()).compute()
+        assert float(out["grad_norm_backbone"]) == 0.0 and float(out["grad_norm_adapter"]) > 0
+        plain = nn.Linear(3, 3)
+        plain(torch.randn(2, 3)).sum().backward()
+        assert set(GradNorms(plain.named_parameters()).compute()) == {"grad_norm"}
+        assert GradNorms(nn.Linear(2, 2).named_parameters()).compute() == {}
+
+    def test_bad_patterns(self) -> None:
+        with pytest.raises(ValueError, match="adapter_patterns"):
+            GradNorms(nn.Linear(2, 2).named_parameters(), adapter_patterns="lora_")
+        with pytest.raises(ValueError, match="without parameters"):
+            GradNorms(nn.ReLU().named_parameters())
+
+
+class TestSchedule:
+    def test_warmup_steps_of_schedulers(self) -> None:
+        opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+        assert warmup_steps_of(torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=7)) == 7
+        assert warmup_steps_of(torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=7)) is None
+        seq = torch.optim.lr_scheduler.SequentialLR(
+            opt,
+            [torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5), torch.optim.lr_scheduler.CosineAnnealingLR(opt, 20)],
+            milestones=[5],
+        )
+        assert warmup_steps_of(seq) == 5
+        from transformers import get_cosine_schedule_with_warmup
+
+        assert warmup_steps_of(get_cosine_schedule_with_warmup(opt, 12, 100)) == 12
+        assert warmup_steps_of(torch.optim.lr_scheduler.StepLR(opt, 3)) is None
+        assert [stage(s, 2) for s in (1, 2, 3)] == ["warmup", "warmup", "stable"]
+        assert stage(5, None) is None
+
+
+class TestStepTimer:
+    def test_loop_records_timing_lr_stage_and_grad_norms(self, tmp_path: Path) -> None:
+        """Every 5th step a record with timing averages, lr, stage, and grad norms taken
+        before the optimizer step even though the loop zeroes gradients right after it."""
+        torch.manual_seed(0)
+        model = nn.Sequential(LoRALinear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        model[2].requires_grad_(False)  # the whole backbone is frozen, as in LoRA fine-tuning
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=10)
+        run = make_run(tmp_path, logging_steps=5)
+        timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, scheduler=sched), batch_size=4, tokens_per_step=32)
+
+        def loader():
+            for _ in range(20):
+                time.sleep(0.002)
+                yield torch.randn(4, 8)
+
+        expected: dict[int, float] = {}
+        lrs: dict[int, float] = {}
+        for x in timer.data(loader()):
+            with timer.step() as step:
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                if timer.next_is_logged:
+                    expected[timer.step_count + 1] = float(nn.utils.clip_grad_norm_(model.parameters(), math.inf))
+                lrs[timer.step_count + 1] = opt.param_groups[0]["lr"]
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                sched.step()
+                step.log(loss=loss.detach())
+        run.finish()
+        recs = records(run)
+        assert [r["step"] for r in recs] == [5, 10, 15, 20]
+        for r in recs:
+            assert r["grad_norm"] == pytest.approx(expected[r["step"]], rel=1e-5)
+            assert r["grad_norm_backbone"] == 0.0 and r["grad_norm_adapter"] > 0
+            assert r["data_time_s"] >= 0.0015 and r["step_time_s"] > r["data_time_s"]
+            assert r["throughput_samples_per_sec"] == pytest.approx(4 / r["step_time_s"])
+            assert r["throughput_tokens_per_sec"] == pytest.approx(32 / r["step_time_s"])
+            assert r["precision"] == "fp32"
+            assert isinstance(r["loss"], float)
+            assert "gpu_memory_mb" not in r  # no CUDA here: skipped cleanly
+            assert r["cpu_percent"] >= 0 and r["process_rss_mb"] > 0 and 0 <= r["disk_used_percent"] <= 100
+        # lr recorded after the scheduler stepped, as the optimizer holds it then.
+        assert recs[0]["learning_rate"] == pytest.approx(lrs[6])
+        assert [r["stage"] for r in recs] == ["warmup", "warmup", "stable", "stable"]
+
+    def test_waiting_and_failed_steps(self, tmp_path: Path) -> None:
+        """waiting() counts as data time; a step that raises is not counted or logged."""
+        run = make_run(tmp_path, logging_steps=2)
+        timer = StepTimer(run)
+        with pytest.raises(RuntimeError):
+            with timer.step() as step:
+                step.log(loss=1.0)
+                raise RuntimeError("boom")
+        for i in range(4):
+            with timer.waiting():
+                time.sleep(0.003)
+            with timer.step() as step:
+                step.log(loss=float(i))
+        run.finish()
+        recs = records(run)
+        assert [(r["step"], r["loss"]) for r in recs] == [(2, 1.0), (4, 3.0)]
+        assert all(r["data_time_s"] >= 0.0025 for r in recs)
+        assert "throughput_samples_per_sec" not in recs[0]
+
+    def test_grad_scaler_scale_is_recorded(self, tmp_path: Path) -> None:
+        """An enabled GradScaler marks the run fp16 and its scale is logged without get_scale()."""
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        run = make_run(tmp_path)
+        timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, scaler=scaler, system=False))
+        for _ in range(2):
+            with timer.step():
+                scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+        run.finish()
+        recs = records(run)
+        assert [r["grad_scaler_scale"] for r in recs] == [1024.0, 1024.0]
+        assert recs[0]["precision"] == "fp16" and "cpu_percent" not in recs[0]
+
+    def test_bad_arguments_are_named(self, tmp_path: Path) -> None:
+        run = make_run(tmp_path)
+        with pytest.raises(ValueError, match="logging_steps"):
+            StepTimer(run, logging_steps=0)
+        thinned = make_run(tmp_path / "thinned", logging_steps=2)
+        with pytest.raises(ValueError, match="not a multiple of the run's logging_steps=2"):
+            StepTimer(thinned, logging_steps=3)
+        thinned.finish()
+        with pytest.raises(ValueError, match="batch_size"):
+            StepTimer(run, batch_size=2.5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="warmup_steps"):
+            Collectors(warmup_steps=-1)
+        with pytest.raises(ValueError, match="memory_summary_steps"):
+            Collectors(memory_summary_steps=None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="optimizer"):
+            Collectors(optimizer=object())
+        with pytest.raises(ValueError, match="precision"):
+            Collectors(precision="int4")
+        run.finish()
+
+
+def test_system_stats_leave_eval_records_alone(tmp_path: Path) -> None:
+    stats = SystemStats(tmp_path, nvml=True)
+    train = stats({"type": "metrics", "loss": 1.0})
+    assert {"cpu_percent", "ram_used_mb", "ram_percent", "process_rss_mb", "disk_used_percent"} <= set(train)
+    assert stats({"type": "metrics", "eval_loss": 1.0}) == {"type": "metrics", "eval_loss": 1.0}
+    assert stats({"type": "event", "message": "x"}) == {"type": "event", "message": "x"}
+
+
+def test_collect_package_does_not_import_torch() -> None:
+    code = "import flightlog, flightlog.collect, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_collectors_never_sync_on_cuda(tmp_path: Path) -> None:
+    """StepTimer with every collector on a CUDA LoRA-like model under sync_debug_mode('error'):
+    no host-device sync on the training thread; GPU memory, grad norms and the memory summary land."""
+    torch.manual_seed(0)
+    model = nn.Sequential(LoRALinear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
+    model[2].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=20)
+    x = torch.randn(64, 256, device="cuda")
+    run = make_run(tmp_path, logging_steps=10)
+    timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, scheduler=sched, memory_summary_steps=20), batch_size=64)
+
+    def step() -> None:
+        with timer.step() as s:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            s.log(loss=loss.detach())
+
+    for _ in range(10):  # warm-up outside the check: CUDA context, allocator, kernels
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(50):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    run.finish()
+    recs = records(run)
+    assert [r["step"] for r in recs] == [10, 20, 30, 40, 50, 60]
+    for r in recs:
+        assert r["gpu_memory_mb"] > 0 and r["gpu_memory_peak_mb"] >= r["gpu_memory_mb"] and r["gpu_memory_total_mb"] > 1000
+        assert r["grad_norm_adapter"] > 0 and r["grad_norm_backbone"] == 0.0
+        assert r["grad_norm"] == pytest.approx(r["grad_norm_adapter"], rel=1e-5)
+    summaries = [e for e in records(run, "event") if e.get("kind") == "memory_summary"]
+    assert [e["step"] for e in summaries] == [20, 40, 60] and "PyTorch CUDA memory summary" in summaries[0]["message"]
