@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any, ClassVar, Mapping
 
 from flightlog.protocol import NONFINITE_STRINGS
@@ -66,11 +65,23 @@ def number(record: Mapping[str, Any], key: str) -> float | None:
     return None
 
 
+def median(values: Any) -> float:
+    """``statistics.median`` without its generality (same result, a third of the cost)."""
+    data = sorted(values)
+    n = len(data)
+    if n == 0:
+        raise ValueError("no median for empty data")
+    if n % 2 == 1:
+        return data[n // 2]
+    i = n // 2
+    return (data[i - 1] + data[i]) / 2
+
+
 def _robust_std(values: Any) -> float:
     """Standard deviation estimated from the median absolute deviation (spikes do not inflate it)."""
     data = list(values)
     mid = median(data)
-    return 1.4826 * median(abs(v - mid) for v in data)
+    return 1.4826 * median([abs(v - mid) for v in data])
 
 
 @dataclass(kw_only=True)
@@ -95,6 +106,11 @@ class Detector:
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         raise NotImplementedError
 
+    def inputs(self) -> tuple[str, ...] | None:
+        """Fields without which ``update`` does nothing (not even update its state); the
+        engine skips the detector for records that have none of them. None: always run."""
+        return None
+
     def on_warmup_end(self) -> None:
         """Forget what was learnt during warmup (its noise is not the run's noise)."""
 
@@ -103,11 +119,14 @@ class Detector:
         values: deque[float] = self._values  # type: ignore[attr-defined]
         if len(values) < min_values:
             return None
-        calls = getattr(self, "_median_calls", 0)
+        calls = self._median_calls
         self._median_calls = calls + 1
-        if calls % 8 == 0 or getattr(self, "_median_cache", None) is None:
-            self._median_cache: float | None = median(values)
+        if calls % 8 == 0 or self._median_cache is None:
+            self._median_cache = median(values)
         return self._median_cache
+
+    _median_calls = 0
+    _median_cache: float | None = None
 
     def finding(self, message: str, record: Mapping[str, Any], value: float | None = None,
                 threshold: float | None = None, *, warmup: bool = False, key: str = "") -> Finding:
@@ -133,9 +152,15 @@ class NonFinite(Detector):
     name = "nonfinite"
     Config = NonFiniteConfig
 
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(self.config.fields)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         out = []
         for key in self.config.fields:  # type: ignore[attr-defined]
+            value = record.get(key)
+            if type(value) is float and value - value == 0.0:
+                continue  # the common case: a finite float
             value = number(record, key)
             if value is not None and not math.isfinite(value):
                 out.append(self.finding(f"{key} is {value}", record, value, key=f"nonfinite:{key}"))
@@ -178,27 +203,36 @@ class LossSpike(Detector):
         self._values: deque[float] = deque(maxlen=c.window)
         self._diffs: deque[float] = deque(maxlen=c.window)
         self._reference: list[float] = []
+        self._reference_max = -math.inf  # max(self._reference), kept as it grows
         self._last: float | None = None
         self._sum = self._sumsq = 0.0
 
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: LossSpikeConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
-            return []
+        x = record.get(c.field)
+        if type(x) is not float or x - x != 0.0:
+            x = number(record, c.field)
+            if x is None or not math.isfinite(x):
+                return []
         found = self._test(x, c)
         if self._last is not None:
             self._diffs.append(x - self._last)
         self._last = x
-        if len(self._values) == self._values.maxlen:
-            old = self._values[0]
+        values = self._values
+        if len(values) == values.maxlen:
+            old = values[0]
             self._sum -= old
             self._sumsq -= old * old
-        self._values.append(x)
+        values.append(x)
         self._sum += x
         self._sumsq += x * x
         if len(self._reference) < c.max_reference:
             self._reference.append(x)
+            if x > self._reference_max:
+                self._reference_max = x
         if found is None:
             return []
         message, threshold = found
@@ -213,12 +247,12 @@ class LossSpike(Detector):
             if std > 0 and (x - mean) / std > c.sigmas:
                 return f"{c.field} {x:.4g} is {(x - mean) / std:.1f} sigma above the mean of the last {n} values ({mean:.4g})", mean + c.sigmas * std
         if self._reference and len(self._reference) >= min(c.min_values, c.max_reference):
-            top = max(self._reference)
+            top = self._reference_max
             if top > 0 and x >= c.ratio_to_max * top:
                 return f"{c.field} {x:.4g} is {x / top:.1f}x the maximum of the first {len(self._reference)} values", c.ratio_to_max * top
         if self._last is not None:
             jump = x - self._last
-            if jump > c.jump:
+            if jump > c.jump and jump > c.jump_relative * abs(self._last):
                 limit = max(c.jump, c.jump_relative * abs(self._last))
                 if len(self._diffs) >= 5:
                     limit = max(limit, c.jump_sigmas * _robust_std(self._diffs))
@@ -245,16 +279,31 @@ class Plateau(Detector):
     def __init__(self, config: PlateauConfig | None = None) -> None:
         super().__init__(config)
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
+        self._seen = 0
+        self._moved_at = -1
+        """Index of the last value that moved by ``min_delta`` or more from the one before:
+        while it is in the window, the window's spread is at least that move (no max/min needed)."""
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: PlateauConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
+        x = record.get(c.field)
+        if type(x) is not float or x - x != 0.0:
+            x = number(record, c.field)
+            if x is None or not math.isfinite(x):
+                return []
+        values = self._values
+        if values and abs(x - values[-1]) >= c.min_delta:
+            self._moved_at = self._seen
+        self._seen += 1
+        values.append(x)
+        if warmup or len(values) < c.window:
             return []
-        self._values.append(x)
-        if warmup or len(self._values) < c.window:
-            return []
-        spread = max(self._values) - min(self._values)
+        if self._moved_at > self._seen - len(values):
+            return []  # a move of min_delta within the window: not flat
+        spread = max(values) - min(values)
         # A loss near zero is a converged loss, not a stuck one.
         if spread < c.min_delta and abs(self._values[-1]) > 10 * c.min_delta:
             return [self.finding(f"{c.field} changed only {spread:.2g} over the last {c.window} records (stuck at {x:.4f})",
@@ -326,25 +375,42 @@ class Oscillation(Detector):
         self._values: deque[float] = deque(maxlen=c.window)
         self._diffs: deque[float] = deque(maxlen=c.history + c.window)
         self._noise = 0.0
+        self._noise_from: list[float] | None = None
+        """Changes the noise level is due to be estimated from (done when first needed)."""
         self._count = 0
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: OscillationConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
-            return []
-        if self._values:
-            self._diffs.append(x - self._values[-1])
-        self._values.append(x)
+        x = record.get(c.field)
+        if type(x) is not float or x - x != 0.0:
+            x = number(record, c.field)
+            if x is None or not math.isfinite(x):
+                return []
+        values, diffs = self._values, self._diffs
+        if values:
+            diffs.append(x - values[-1])
+        values.append(x)
         self._count += 1
-        if self._count % 10 == 0 and len(self._diffs) >= c.window + 20:
-            before = list(self._diffs)[: len(self._diffs) - c.window]
-            self._noise = c.noise_sigmas * _robust_std(before)
-        level = abs(median(self._values))
+        if self._count % 10 == 0 and len(diffs) >= c.window + 20:
+            self._noise_from = list(diffs)[: len(diffs) - c.window]
+        # The amplitude is at least c.amplitude and the noise level: most records stop here,
+        # before the noise estimate and the median (sorting) are needed.
+        spread = max(values) - min(values)
+        if spread < c.amplitude:
+            return []
+        if self._noise_from is not None:
+            self._noise = c.noise_sigmas * _robust_std(self._noise_from)
+            self._noise_from = None
+        if spread < self._noise:
+            return []
+        level = abs(median(values))
         amplitude = max(c.amplitude, self._noise, c.relative_amplitude * level)
-        if max(self._values) - min(self._values) < amplitude:
+        if spread < amplitude:
             return []  # no move can be that large: skip the zigzag walk
-        swings, biggest = zigzag_swings(self._values, amplitude)
+        swings, biggest = zigzag_swings(values, amplitude)
         if swings >= c.min_swings:
             return [self.finding(f"{c.field} swings {swings} times by more than {amplitude:.3g} within {len(self._values)} records "
                                  f"(peak-valley {biggest:.3g})", record, biggest, amplitude, warmup=warmup)]
@@ -428,11 +494,16 @@ class Rising(Detector):
             return slope, math.inf if slope > 0 else 0.0
         return slope, slope / math.sqrt(resid / (n - 2) / sxx)
 
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: RisingConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
-            return []
+        x = record.get(c.field)
+        if type(x) is not float or x - x != 0.0:
+            x = number(record, c.field)
+            if x is None or not math.isfinite(x):
+                return []
         if self._values and x > self._values[-1]:
             self._rises += 1
         else:
@@ -442,7 +513,8 @@ class Rising(Detector):
             return []
         if self._rises >= c.consecutive:
             return [self.finding(f"{c.field} rose {self._rises} times in a row (now {x:.4g})", record, float(self._rises), float(c.consecutive))]
-        if len(self._values) == c.window:
+        # Only an upward slope can alert (t and the rise have its sign): skip the fit otherwise.
+        if len(self._values) == c.window and self._p - (c.window - 1) / 2.0 * self._s > 0:
             slope, t = self._trend()
             level = abs(self._s / c.window) or 1.0
             rise = slope * (c.window - 1)
@@ -467,17 +539,36 @@ class GradExplosionConfig(DetectorConfig):
 class GradExplosion(Detector):
     name = "grad_explosion"
     Config = GradExplosionConfig
+    _median_from: tuple[float, ...] | None = None
 
     def __init__(self, config: GradExplosionConfig | None = None) -> None:
         super().__init__(config)
         # Warmup values are kept: big warmup gradients only make the reference more tolerant.
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
 
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: GradExplosionConfig = self.config  # type: ignore[assignment]
-        g = number(record, c.field)
-        if g is None or not math.isfinite(g):
+        g = record.get(c.field)
+        if type(g) is not float or g - g != 0.0:
+            g = number(record, c.field)
+            if g is None or not math.isfinite(g):
+                return []
+        if g <= c.threshold:
+            # Cannot alert: keep the median's bookkeeping exact, but sort only when it is read.
+            values = self._values
+            if len(values) >= c.min_values:
+                calls = self._median_calls
+                self._median_calls = calls + 1
+                if calls % 8 == 0 or (self._median_cache is None and self._median_from is None):
+                    self._median_from = tuple(values)  # the median _median() would compute now
+            values.append(g)
             return []
+        if self._median_from is not None:
+            self._median_cache = median(self._median_from)
+            self._median_from = None
         usual = self._median(c.min_values)
         self._values.append(g)
         # Until the run's usual norm is known, only a clear explosion (threshold x ratio) counts:
@@ -505,11 +596,16 @@ class GradVanishing(Detector):
         super().__init__(config)
         self._count = 0
 
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: GradVanishingConfig = self.config  # type: ignore[assignment]
-        g = number(record, c.field)
-        if g is None or not math.isfinite(g):
-            return []
+        g = record.get(c.field)
+        if type(g) is not float or g - g != 0.0:
+            g = number(record, c.field)
+            if g is None or not math.isfinite(g):
+                return []
         self._count = self._count + 1 if g < c.threshold else 0
         if self._count >= c.patience and not warmup:
             return [self.finding(f"{c.field} {g:.3g} < {c.threshold} for {self._count} records", record, g, c.threshold)]
@@ -534,6 +630,9 @@ class AdapterStalled(Detector):
     def __init__(self, config: AdapterStalledConfig | None = None) -> None:
         super().__init__(config)
         self._count = 0
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.adapter_field,)  # type: ignore[attr-defined]
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: AdapterStalledConfig = self.config  # type: ignore[assignment]
@@ -560,11 +659,19 @@ class MemoryPressure(Detector):
     name = "memory_pressure"
     Config = MemoryConfig
 
+    def inputs(self) -> tuple[str, ...]:
+        return ("gpu_memory_total_mb",)
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: MemoryConfig = self.config  # type: ignore[assignment]
         total = number(record, "gpu_memory_total_mb")
-        used = max((v for v in (number(record, "gpu_memory_mb"), number(record, "gpu_memory_peak_mb")) if v is not None), default=None)
-        if not total or used is None or total <= 0:
+        if not total or total <= 0:
+            return []
+        used = number(record, "gpu_memory_mb")
+        peak = number(record, "gpu_memory_peak_mb")
+        if peak is not None and (used is None or peak > used):
+            used = peak
+        if used is None:
             return []
         share = used / total
         if share > c.fraction:
@@ -593,10 +700,17 @@ class SlowStep(Detector):
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
         self._count = 0
 
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: SlowStepConfig = self.config  # type: ignore[assignment]
-        t = number(record, c.field)
-        if t is None or not math.isfinite(t) or t <= 0:
+        t = record.get(c.field)
+        if type(t) is not float or t - t != 0.0:
+            t = number(record, c.field)
+            if t is None or not math.isfinite(t):
+                return []
+        if t <= 0:
             return []
         usual = self._median(c.min_values)
         slow = usual is not None and t > c.factor * usual
@@ -647,6 +761,9 @@ class CyclicLR(Detector):
         self._loss: deque[float] = deque(maxlen=n)
         self._seen = 0
         self._rose = False
+
+    def inputs(self) -> tuple[str, ...]:
+        return ("learning_rate", "loss")
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: CyclicLRConfig = self.config  # type: ignore[assignment]

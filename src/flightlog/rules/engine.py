@@ -36,7 +36,7 @@ class WarmupTracker:
         stage = record.get("stage")
         if isinstance(stage, str):
             self._has_stage = True
-            self.active = stage.lower() == "warmup"
+            self.active = stage == "warmup" or stage.lower() == "warmup"
             return self.active
         step = record.get("step")
         by_step = type(step) is int and step <= self.warmup_steps
@@ -60,6 +60,8 @@ class RateLimiter:
         self.suppressed = 0
 
     def admit(self, findings: Iterable[Finding], tick: int) -> list[Finding]:
+        if not findings and not self._last_seen:
+            return []  # the common case: nothing found, nothing armed
         out = []
         for f in findings:
             key = f.key or f.rule
@@ -89,6 +91,30 @@ def finding_to_record(finding: Finding, source: Mapping[str, Any] | None = None)
     return record
 
 
+class _TimestampClock:
+    """``parse_timestamp`` for the writer's own timestamps, with the date and time of day
+    parsed once per second (the same float: ``datetime.timestamp`` is microseconds / 10**6)."""
+
+    __slots__ = ("_prefix", "_micros")
+
+    def __init__(self) -> None:
+        self._prefix = ""
+        self._micros = 0
+
+    def __call__(self, text: str) -> float:
+        # "2025-06-15T12:34:56.789Z": the writer's format (protocol.format_timestamp)
+        if type(text) is str and len(text) == 24 and text[23] == "Z" and text[19] == ".":
+            millis = text[20:23]
+            if millis.isdigit() and millis.isascii():
+                if text[:19] != self._prefix:
+                    whole = parse_timestamp(text[:19] + "Z")
+                    if whole != int(whole):
+                        return parse_timestamp(text)
+                    self._prefix, self._micros = text[:19], int(whole) * 1_000_000
+                return (self._micros + int(millis) * 1000) / 1_000_000
+        return parse_timestamp(text)
+
+
 class RulesEngine:
     """Processor ``record -> record``; findings leave through ``emit`` and ``on_alert``."""
 
@@ -114,6 +140,25 @@ class RulesEngine:
         self.watch = watch
         self.ticks = 0
         self.alerts = 0
+        self._plans: dict[tuple[str, ...], list[Callable[..., list[Finding]]]] = {}
+        self._clock = _TimestampClock()
+
+    def _plan(self, record: Mapping[str, Any]) -> list[Callable[..., list[Finding]]]:
+        """The detectors' ``update`` methods that can see something in a record with these keys
+        (decided once per key set: a run logs few distinct ones)."""
+        keys = tuple(record)
+        plan = self._plans.get(keys)
+        if plan is None:
+            if len(self._plans) >= 256:
+                self._plans.clear()  # a run with ever-changing keys: keep the cache bounded
+            present = set(keys)
+            plan = []
+            for d in self.detectors:
+                inputs = d.inputs()
+                if inputs is None or not present.isdisjoint(inputs):
+                    plan.append(d.update)
+            self._plans[keys] = plan
+        return plan
 
     def evaluate(self, record: Mapping[str, Any]) -> list[Finding]:
         """Run every detector on one metrics record; returns the findings that pass rate limiting."""
@@ -124,8 +169,10 @@ class RulesEngine:
                 d.on_warmup_end()
         self.ticks += 1
         found: list[Finding] = []
-        for d in self.detectors:
-            found.extend(d.update(record, warmup))
+        for update in self._plan(record):
+            result = update(record, warmup)
+            if result:
+                found.extend(result)
         return self.limiter.admit(found, self.ticks)
 
     def __call__(self, record: Record) -> Record:
@@ -142,7 +189,7 @@ class RulesEngine:
     def _observe(self, record: Mapping[str, Any]) -> None:
         step = record.get("step")
         try:
-            t = parse_timestamp(record["timestamp"])
+            t = self._clock(record["timestamp"])
         except (KeyError, TypeError, ValueError):
             return
         note = self.watch.observe(step if type(step) is int else None, t)  # type: ignore[union-attr]
