@@ -217,11 +217,17 @@ class LossSpike(Detector):
             x = number(record, c.field)
             if x is None or not math.isfinite(x):
                 return []
-        found = self._test(x, c)
-        if self._last is not None:
-            self._diffs.append(x - self._last)
-        self._last = x
         values = self._values
+        last = self._last
+        # Each test needs x above something; only when one may pass are the tests run.
+        if (len(values) >= c.min_values and x > self._sum / len(values)) or x >= c.ratio_to_max * self._reference_max \
+                or (last is not None and x - last > c.jump):
+            found = self._test(x, c)
+        else:
+            found = None
+        if last is not None:
+            self._diffs.append(x - last)
+        self._last = x
         if len(values) == values.maxlen:
             old = values[0]
             self._sum -= old
@@ -378,6 +384,10 @@ class Oscillation(Detector):
         self._noise_from: list[float] | None = None
         """Changes the noise level is due to be estimated from (done when first needed)."""
         self._count = 0
+        self._hi = -math.inf
+        self._lo = math.inf
+        """Bounds on the window's max and min (exact when set, then only widened): while they
+        are closer than ``amplitude``, so are the max and min, and no swing can be that large."""
 
     def inputs(self) -> tuple[str, ...]:
         return (self.config.field,)  # type: ignore[attr-defined]
@@ -397,8 +407,15 @@ class Oscillation(Detector):
         if self._count % 10 == 0 and len(diffs) >= c.window + 20:
             self._noise_from = list(diffs)[: len(diffs) - c.window]
         # The amplitude is at least c.amplitude and the noise level: most records stop here,
-        # before the noise estimate and the median (sorting) are needed.
-        spread = max(values) - min(values)
+        # before max/min, the noise estimate and the median (sorting) are needed.
+        if x > self._hi:
+            self._hi = x
+        if x < self._lo:
+            self._lo = x
+        if self._hi - self._lo < c.amplitude:
+            return []
+        self._hi, self._lo = hi, lo = max(values), min(values)
+        spread = hi - lo
         if spread < c.amplitude:
             return []
         if self._noise_from is not None:
@@ -504,21 +521,39 @@ class Rising(Detector):
             x = number(record, c.field)
             if x is None or not math.isfinite(x):
                 return []
-        if self._values and x > self._values[-1]:
+        values = self._values
+        if values and x > values[-1]:
             self._rises += 1
         else:
             self._rises = 0
-        self._push(x)
+        # _push(x), inlined (this runs for every record)
+        n = len(values)
+        if n == values.maxlen:
+            y0 = values[0]
+            self._p -= self._s - y0
+            self._s -= y0
+            self._q -= y0 * y0
+            n -= 1
+        values.append(x)
+        self._s += x
+        self._q += x * x
+        self._p += n * x
+        self._updates += 1
+        if self._updates % 256 == 0:
+            self._s = sum(values)
+            self._q = sum(v * v for v in values)
+            self._p = sum(i * v for i, v in enumerate(values))
         if warmup:
             return []
         if self._rises >= c.consecutive:
             return [self.finding(f"{c.field} rose {self._rises} times in a row (now {x:.4g})", record, float(self._rises), float(c.consecutive))]
-        # Only an upward slope can alert (t and the rise have its sign): skip the fit otherwise.
-        if len(self._values) == c.window and self._p - (c.window - 1) / 2.0 * self._s > 0:
-            slope, t = self._trend()
+        # Both tests must pass: the rise (cheap, the slope alone) is looked at before the t-statistic.
+        n = len(values)
+        if n == c.window and self._p - (n - 1) / 2.0 * self._s > 0:
+            slope = (self._p - (n - 1) / 2.0 * self._s) / (n * (n * n - 1) / 12.0)  # as in _trend()
             level = abs(self._s / c.window) or 1.0
             rise = slope * (c.window - 1)
-            if t > c.t_stat and rise > c.min_rise * level:
+            if rise > c.min_rise * level and (t := self._trend()[1]) > c.t_stat:
                 return [self.finding(f"{c.field} trends upward: +{rise:.3g} over the last {c.window} records (t={t:.1f})",
                                      record, rise, c.min_rise * level)]
         return []
@@ -664,11 +699,17 @@ class MemoryPressure(Detector):
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: MemoryConfig = self.config  # type: ignore[assignment]
-        total = number(record, "gpu_memory_total_mb")
+        total = record.get("gpu_memory_total_mb")
+        if type(total) is not float:
+            total = number(record, "gpu_memory_total_mb")
         if not total or total <= 0:
             return []
-        used = number(record, "gpu_memory_mb")
-        peak = number(record, "gpu_memory_peak_mb")
+        used = record.get("gpu_memory_mb")
+        if type(used) is not float:
+            used = number(record, "gpu_memory_mb")
+        peak = record.get("gpu_memory_peak_mb")
+        if peak is not None:
+            peak = number(record, "gpu_memory_peak_mb")
         if peak is not None and (used is None or peak > used):
             used = peak
         if used is None:
@@ -712,7 +753,15 @@ class SlowStep(Detector):
                 return []
         if t <= 0:
             return []
-        usual = self._median(c.min_values)
+        values = self._values
+        if len(values) < c.min_values:
+            usual = None
+        else:  # self._median(c.min_values), inlined
+            calls = self._median_calls
+            self._median_calls = calls + 1
+            if calls % 8 == 0 or self._median_cache is None:
+                self._median_cache = median(values)
+            usual = self._median_cache
         slow = usual is not None and t > c.factor * usual
         self._count = self._count + 1 if slow else 0
         if not slow:
@@ -766,9 +815,15 @@ class CyclicLR(Detector):
         return ("learning_rate", "loss")
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+        if warmup:
+            return []
         c: CyclicLRConfig = self.config  # type: ignore[assignment]
-        lr, loss = number(record, "learning_rate"), number(record, "loss")
-        if lr is None or loss is None or not math.isfinite(loss) or warmup:
+        lr, loss = record.get("learning_rate"), record.get("loss")
+        if type(lr) is not float:
+            lr = number(record, "learning_rate")
+        if type(loss) is not float:
+            loss = number(record, "loss")
+        if lr is None or loss is None or not math.isfinite(loss):
             return []
         if self._lr and lr > self._lr[-1]:
             self._rose = True

@@ -91,30 +91,6 @@ def finding_to_record(finding: Finding, source: Mapping[str, Any] | None = None)
     return record
 
 
-class _TimestampClock:
-    """``parse_timestamp`` for the writer's own timestamps, with the date and time of day
-    parsed once per second (the same float: ``datetime.timestamp`` is microseconds / 10**6)."""
-
-    __slots__ = ("_prefix", "_micros")
-
-    def __init__(self) -> None:
-        self._prefix = ""
-        self._micros = 0
-
-    def __call__(self, text: str) -> float:
-        # "2025-06-15T12:34:56.789Z": the writer's format (protocol.format_timestamp)
-        if type(text) is str and len(text) == 24 and text[23] == "Z" and text[19] == ".":
-            millis = text[20:23]
-            if millis.isdigit() and millis.isascii():
-                if text[:19] != self._prefix:
-                    whole = parse_timestamp(text[:19] + "Z")
-                    if whole != int(whole):
-                        return parse_timestamp(text)
-                    self._prefix, self._micros = text[:19], int(whole) * 1_000_000
-                return (self._micros + int(millis) * 1000) / 1_000_000
-        return parse_timestamp(text)
-
-
 class RulesEngine:
     """Processor ``record -> record``; findings leave through ``emit`` and ``on_alert``."""
 
@@ -141,7 +117,6 @@ class RulesEngine:
         self.ticks = 0
         self.alerts = 0
         self._plans: dict[tuple[str, ...], list[Callable[..., list[Finding]]]] = {}
-        self._clock = _TimestampClock()
 
     def _plan(self, record: Mapping[str, Any]) -> list[Callable[..., list[Finding]]]:
         """The detectors' ``update`` methods that can see something in a record with these keys
@@ -168,11 +143,16 @@ class RulesEngine:
             for d in self.detectors:
                 d.on_warmup_end()
         self.ticks += 1
+        plan = self._plans.get(tuple(record))
+        if plan is None:
+            plan = self._plan(record)
         found: list[Finding] = []
-        for update in self._plan(record):
+        for update in plan:
             result = update(record, warmup)
             if result:
                 found.extend(result)
+        if not found and not self.limiter._last_seen:
+            return found  # nothing found, nothing armed: admit() would return [] too
         return self.limiter.admit(found, self.ticks)
 
     def __call__(self, record: Record) -> Record:
@@ -180,16 +160,21 @@ class RulesEngine:
         if kind == METRICS:
             if self.watch is not None:
                 self._observe(record)
-            for finding in self.evaluate(record):
-                self.publish(finding_to_record(finding, record))
+            found = self.evaluate(record)
+            if found:
+                for finding in found:
+                    self.publish(finding_to_record(finding, record))
         elif kind == ALERT and self.on_alert is not None:
             self.on_alert(record)  # an alert made by user code: notify it too
         return record
 
     def _observe(self, record: Mapping[str, Any]) -> None:
         step = record.get("step")
+        last = self.watch._last_step  # type: ignore[union-attr]
+        if type(step) is int and last is not None and step <= last:
+            return  # no progress: observe() would ignore it; skip parsing the timestamp
         try:
-            t = self._clock(record["timestamp"])
+            t = parse_timestamp(record["timestamp"])
         except (KeyError, TypeError, ValueError):
             return
         note = self.watch.observe(step if type(step) is int else None, t)  # type: ignore[union-attr]
