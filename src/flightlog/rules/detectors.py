@@ -220,8 +220,15 @@ class LossSpike(Detector):
         values = self._values
         last = self._last
         # Each test needs x above something; only when one may pass are the tests run.
-        if (len(values) >= c.min_values and x > self._sum / len(values)) or x >= c.ratio_to_max * self._reference_max \
-                or (last is not None and x - last > c.jump):
+        # The z-score test is pre-checked without the square root, with a 2 % margin so
+        # that rounding can never skip a value the exact test would flag.
+        n = len(values)
+        if n >= c.min_values and x > (mean := self._sum / n):
+            d = x - mean
+            z_may = d * d > 0.98 * c.sigmas * c.sigmas * (self._sumsq / n - mean * mean)
+        else:
+            z_may = False
+        if z_may or x >= c.ratio_to_max * self._reference_max or (last is not None and x - last > c.jump):
             found = self._test(x, c)
         else:
             found = None

@@ -10,6 +10,7 @@ without its condition). Alerts go out as ``alert`` records through the writer's
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
 from flightlog.protocol import ALERT, EVENT, METRICS, parse_timestamp
@@ -18,6 +19,7 @@ from flightlog.rules.detectors import DETECTORS, Detector, Finding, number
 from flightlog.rules.stall import StallWatch
 
 Record = dict[str, Any]
+_fromisoformat = datetime.fromisoformat
 
 
 class WarmupTracker:
@@ -173,10 +175,17 @@ class RulesEngine:
         last = self.watch._last_step  # type: ignore[union-attr]
         if type(step) is int and last is not None and step <= last:
             return  # no progress: observe() would ignore it; skip parsing the timestamp
+        text = record.get("timestamp")
         try:
-            t = parse_timestamp(record["timestamp"])
-        except (KeyError, TypeError, ValueError):
-            return
+            # Python >= 3.11 reads the trailing "Z" itself: parse_timestamp's replace() is not needed
+            t = _fromisoformat(text).timestamp() if type(text) is str and text[-1:] == "Z" else None
+        except ValueError:
+            t = None
+        if t is None:
+            try:
+                t = parse_timestamp(record["timestamp"])
+            except (KeyError, TypeError, ValueError):
+                return
         note = self.watch.observe(step if type(step) is int else None, t)  # type: ignore[union-attr]
         if note is not None:
             self.publish(finding_to_record(note, record))
