@@ -12,7 +12,8 @@ fields) through
   ``Run.log`` would enqueue and ``run.writer._drain()`` runs in this thread,
 
 timing each with ``time.thread_time`` (CPU of this thread only, so other load on the
-machine does not count). Prints µs per record, best of ``--repeat``. ``--profile``
+machine does not count). Prints µs per record: each slice of 500 records counts with
+its fastest of ``--repeat`` passes (a loaded machine slows some passes down). ``--profile``
 prints the cProfile top functions of the direct engine pass instead.
 """
 
@@ -72,8 +73,17 @@ def writer_records(items: list[tuple[int, float, dict[str, Any]]]) -> list[dict[
             for step, t, f in items]
 
 
-def engine_pass(records: list[dict[str, Any]]) -> tuple[float, int]:
-    """CPU seconds of this thread for the engine on ``records``, and the alerts it made."""
+CHUNK = 500
+"""Records per timed slice. Each slice's time is the minimum over the repeats, so a slice
+that another process on the machine slowed down in one repeat does not count."""
+
+
+def _slices(n: int) -> list[slice]:
+    return [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
+
+
+def engine_pass(records: list[dict[str, Any]]) -> tuple[list[float], int]:
+    """CPU seconds of this thread per slice of ``records`` for the engine, and the alerts it made."""
     from flightlog.rules.config import RulesConfig
     from flightlog.rules.engine import RulesEngine
     from flightlog.rules.stall import StallWatch
@@ -82,20 +92,26 @@ def engine_pass(records: list[dict[str, Any]]) -> tuple[float, int]:
     emitted: list[dict[str, Any]] = []
     engine = RulesEngine(config, emit=emitted.append, watch=StallWatch(config.stall))
     batch = [dict(r) for r in records]
+    times = []
     gc.collect()
-    start = time.thread_time()
-    for r in batch:
-        engine(r)
-    return time.thread_time() - start, sum(1 for r in emitted if r["type"] == "alert")
+    clock = time.thread_time
+    for part in _slices(len(batch)):
+        start = clock()
+        for r in batch[part]:
+            engine(r)
+        times.append(clock() - start)
+    return times, sum(1 for r in emitted if r["type"] == "alert")
 
 
-def run_pass(items: list[tuple[int, float, dict[str, Any]]], rules: bool) -> float:
-    """CPU seconds of this thread for a full writer drain of ``items`` (jsonl sink)."""
+def run_pass(items: list[tuple[int, float, dict[str, Any]]], rules: bool) -> list[float]:
+    """CPU seconds of this thread per slice of ``items`` for a full writer drain (jsonl sink)."""
     import flightlog
 
     with tempfile.TemporaryDirectory() as tmp:
-        run = flightlog.init(tmp, sinks=["jsonl"], rules=rules, flush_interval=60.0, queue_size=len(items) + 10)
+        run = flightlog.init(tmp, sinks=["jsonl"], rules=rules, flush_interval=60.0, queue_size=len(items) + 10,
+                             install_signal_handlers=False)
         old_wake = run.queue.wake
+        times = []
         try:
             run.flush()
             time.sleep(0.2)
@@ -103,15 +119,17 @@ def run_pass(items: list[tuple[int, float, dict[str, Any]]], rules: bool) -> flo
             run.queue.wake = threading.Event()
             queued = [("metrics", t, step, None, dict(f)) for step, t, f in items]
             gc.collect()
-            start = time.thread_time()
-            run.queue._items.extend(queued)
-            run.writer._drain()
-            elapsed = time.thread_time() - start
+            clock = time.thread_time
+            for part in _slices(len(queued)):
+                start = clock()
+                run.queue._items.extend(queued[part])
+                run.writer._drain()
+                times.append(clock() - start)
         finally:
             run.queue.wake = old_wake
             old_wake.set()
             run.finish()
-    return elapsed
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,14 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     def best(fn: Any) -> float:
-        return min(fn() for _ in range(args.repeat)) / n * 1e6
+        """µs per record: the sum over slices of each slice's fastest repeat."""
+        runs = [fn() for _ in range(args.repeat)]
+        return sum(min(times) for times in zip(*runs)) / n * 1e6
 
     alerts = engine_pass(records)[1]
     engine = best(lambda: engine_pass(records)[0])
     on = best(lambda: run_pass(items, True))
     off = best(lambda: run_pass(items, False))
-    print(f"{n} records, {sum(len(f) for _, _, f in items) / n:.1f} fields each, best of {args.repeat} "
-          f"(time.thread_time); the engine raised {alerts} alerts")
+    print(f"{n} records, {sum(len(f) for _, _, f in items) / n:.1f} fields each; time.thread_time per slice of "
+          f"{CHUNK} records, best of {args.repeat}; the engine raised {alerts} alerts")
     print()
     print("| path | µs/record |")
     print("|---|---|")

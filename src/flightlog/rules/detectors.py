@@ -533,18 +533,19 @@ class Rising(Detector):
             self._rises += 1
         else:
             self._rises = 0
-        # _push(x), inlined (this runs for every record)
+        # _push(x), inlined on locals (this runs for every record); same operations, same order
         n = len(values)
+        s, q, p = self._s, self._q, self._p
         if n == values.maxlen:
             y0 = values[0]
-            self._p -= self._s - y0
-            self._s -= y0
-            self._q -= y0 * y0
+            p -= s - y0
+            s -= y0
+            q -= y0 * y0
             n -= 1
         values.append(x)
-        self._s += x
-        self._q += x * x
-        self._p += n * x
+        self._s = s = s + x
+        self._q = q + x * x
+        self._p = p + n * x
         self._updates += 1
         if self._updates % 256 == 0:
             self._s = sum(values)
@@ -678,10 +679,14 @@ class AdapterStalled(Detector):
 
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: AdapterStalledConfig = self.config  # type: ignore[assignment]
-        a = number(record, c.adapter_field)
-        if a is None:
-            return []
-        b = number(record, c.backbone_field)
+        a = record.get(c.adapter_field)
+        if type(a) is not float:
+            a = number(record, c.adapter_field)
+            if a is None:
+                return []
+        b = record.get(c.backbone_field)
+        if b is not None and type(b) is not float:
+            b = number(record, c.backbone_field)
         frozen = b is None or b == 0.0
         self._count = self._count + 1 if frozen and a < c.threshold else 0
         if self._count >= c.patience and not warmup:
