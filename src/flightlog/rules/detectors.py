@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
@@ -139,6 +140,30 @@ class Detector:
                        threshold, advice_for(self.name).action, key or self.name)
 
 
+class ValueDetector(Detector):
+    """A detector of one metric's finite values (``config.field``): ``feed`` gets the value.
+
+    The engine reads and checks the value once for all the detectors of that field in a
+    row (the loss has four), instead of each detector doing it again.
+    """
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
+    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+        key = self.config.field  # type: ignore[attr-defined]
+        x = record.get(key)
+        if type(x) is not float or x - x != 0.0:
+            x = number(record, key)
+            if x is None or not math.isfinite(x):
+                return []
+        return self.feed(x, record, warmup)
+
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+        """``update`` for a record whose ``config.field`` is the finite number ``x``."""
+        raise NotImplementedError
+
+
 # --------------------------------------------------------------------------- NaN / Inf
 @dataclass(kw_only=True)
 class NonFiniteConfig(DetectorConfig):
@@ -188,7 +213,7 @@ class LossSpikeConfig(DetectorConfig):
     """... and this fraction of the loss level (the seeds' 1.0 is for LM losses of 1-5; a loss of 1000 jumps by more)."""
 
 
-class LossSpike(Detector):
+class LossSpike(ValueDetector):
     """Loss spike by three tests (z-score, ratio to early maximum, single-step jump); any one fires."""
 
     name = "loss_spike"
@@ -207,16 +232,8 @@ class LossSpike(Detector):
         self._last: float | None = None
         self._sum = self._sumsq = 0.0
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: LossSpikeConfig = self.config  # type: ignore[assignment]
-        x = record.get(c.field)
-        if type(x) is not float or x - x != 0.0:
-            x = number(record, c.field)
-            if x is None or not math.isfinite(x):
-                return []
         values = self._values
         last = self._last
         # Each test needs x above something; only when one may pass are the tests run.
@@ -283,7 +300,7 @@ class PlateauConfig(DetectorConfig):
     """Seeds: loss constant = changes less than 0.0005 over 50 steps."""
 
 
-class Plateau(Detector):
+class Plateau(ValueDetector):
     """Loss flat to within ``min_delta`` for ``window`` records: nothing is being learnt."""
 
     name = "loss_plateau"
@@ -297,16 +314,8 @@ class Plateau(Detector):
         """Index of the last value that moved by ``min_delta`` or more from the one before:
         while it is in the window, the window's spread is at least that move (no max/min needed)."""
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: PlateauConfig = self.config  # type: ignore[assignment]
-        x = record.get(c.field)
-        if type(x) is not float or x - x != 0.0:
-            x = number(record, c.field)
-            if x is None or not math.isfinite(x):
-                return []
         values = self._values
         if values and abs(x - values[-1]) >= c.min_delta:
             self._moved_at = self._seen
@@ -373,7 +382,7 @@ def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
     return swings, max(data) - min(data)
 
 
-class Oscillation(Detector):
+class Oscillation(ValueDetector):
     """Loss swinging by more than ``amplitude`` several times within a short window."""
 
     name = "loss_oscillation"
@@ -386,33 +395,32 @@ class Oscillation(Detector):
     def on_warmup_end(self) -> None:
         c: OscillationConfig = self.config  # type: ignore[assignment]
         self._values: deque[float] = deque(maxlen=c.window)
-        self._diffs: deque[float] = deque(maxlen=c.history + c.window)
+        # The last history + window changes, plus 10 kept so that the noise level can be
+        # estimated up to 9 records late from the changes it was due on (see _noise_due).
+        self._diffs: deque[float] = deque(maxlen=c.history + c.window + 10)
+        self._ndiffs = 0
         self._noise = 0.0
-        self._noise_from: list[float] | None = None
-        """Changes the noise level is due to be estimated from (done when first needed)."""
+        self._noise_due: tuple[int, int] | None = None
+        """(first, end) numbers of the changes the noise level is due to be estimated from
+        (it is estimated when first needed, which most records never do)."""
         self._count = 0
         self._hi = -math.inf
         self._lo = math.inf
         """Bounds on the window's max and min (exact when set, then only widened): while they
         are closer than ``amplitude``, so are the max and min, and no swing can be that large."""
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: OscillationConfig = self.config  # type: ignore[assignment]
-        x = record.get(c.field)
-        if type(x) is not float or x - x != 0.0:
-            x = number(record, c.field)
-            if x is None or not math.isfinite(x):
-                return []
         values, diffs = self._values, self._diffs
         if values:
             diffs.append(x - values[-1])
+            self._ndiffs += 1
         values.append(x)
         self._count += 1
-        if self._count % 10 == 0 and len(diffs) >= c.window + 20:
-            self._noise_from = list(diffs)[: len(diffs) - c.window]
+        if self._count % 10 == 0:
+            kept = min(len(diffs), c.history + c.window)  # the changes a deque of that size would hold
+            if kept >= c.window + 20:
+                self._noise_due = (self._ndiffs - kept, self._ndiffs - c.window)
         # The amplitude is at least c.amplitude and the noise level: most records stop here,
         # before max/min, the noise estimate and the median (sorting) are needed.
         if x > self._hi:
@@ -425,9 +433,11 @@ class Oscillation(Detector):
         spread = hi - lo
         if spread < c.amplitude:
             return []
-        if self._noise_from is not None:
-            self._noise = c.noise_sigmas * _robust_std(self._noise_from)
-            self._noise_from = None
+        if self._noise_due is not None:
+            first, end = self._noise_due
+            oldest = self._ndiffs - len(diffs)  # number of the oldest change still in the deque
+            self._noise = c.noise_sigmas * _robust_std(islice(diffs, first - oldest, end - oldest))
+            self._noise_due = None
         if spread < self._noise:
             return []
         level = abs(median(values))
@@ -470,7 +480,7 @@ def slope_t(values: Any) -> tuple[float, float]:
     return slope, (slope / se if se > 0 else (math.inf if slope > 0 else 0.0))
 
 
-class Rising(Detector):
+class Rising(ValueDetector):
     """Loss going up: N consecutive rises, or a significant upward trend (divergence).
 
     The trend's regression runs on sums kept up to date as the window slides (O(1) per
@@ -518,16 +528,8 @@ class Rising(Detector):
             return slope, math.inf if slope > 0 else 0.0
         return slope, slope / math.sqrt(resid / (n - 2) / sxx)
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: RisingConfig = self.config  # type: ignore[assignment]
-        x = record.get(c.field)
-        if type(x) is not float or x - x != 0.0:
-            x = number(record, c.field)
-            if x is None or not math.isfinite(x):
-                return []
         values = self._values
         if values and x > values[-1]:
             self._rises += 1
@@ -579,7 +581,7 @@ class GradExplosionConfig(DetectorConfig):
     min_values: int = 20
 
 
-class GradExplosion(Detector):
+class GradExplosion(ValueDetector):
     name = "grad_explosion"
     Config = GradExplosionConfig
     _median_from: tuple[float, ...] | None = None
@@ -589,16 +591,8 @@ class GradExplosion(Detector):
         # Warmup values are kept: big warmup gradients only make the reference more tolerant.
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, g: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: GradExplosionConfig = self.config  # type: ignore[assignment]
-        g = record.get(c.field)
-        if type(g) is not float or g - g != 0.0:
-            g = number(record, c.field)
-            if g is None or not math.isfinite(g):
-                return []
         if g <= c.threshold:
             # Cannot alert: keep the median's bookkeeping exact, but sort only when it is read.
             values = self._values
@@ -631,7 +625,7 @@ class GradVanishingConfig(DetectorConfig):
     """... for this many records in a row (one tiny value is not a trend)."""
 
 
-class GradVanishing(Detector):
+class GradVanishing(ValueDetector):
     name = "grad_vanishing"
     Config = GradVanishingConfig
 
@@ -639,16 +633,8 @@ class GradVanishing(Detector):
         super().__init__(config)
         self._count = 0
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, g: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: GradVanishingConfig = self.config  # type: ignore[assignment]
-        g = record.get(c.field)
-        if type(g) is not float or g - g != 0.0:
-            g = number(record, c.field)
-            if g is None or not math.isfinite(g):
-                return []
         self._count = self._count + 1 if g < c.threshold else 0
         if self._count >= c.patience and not warmup:
             return [self.finding(f"{c.field} {g:.3g} < {c.threshold} for {self._count} records", record, g, c.threshold)]
@@ -744,7 +730,7 @@ class SlowStepConfig(DetectorConfig):
     """Slow records in a row (one slow step is a checkpoint or an eval, not a bottleneck)."""
 
 
-class SlowStep(Detector):
+class SlowStep(ValueDetector):
     name = "slow_step"
     Config = SlowStepConfig
 
@@ -753,16 +739,8 @@ class SlowStep(Detector):
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
         self._count = 0
 
-    def inputs(self) -> tuple[str, ...]:
-        return (self.config.field,)  # type: ignore[attr-defined]
-
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, t: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: SlowStepConfig = self.config  # type: ignore[assignment]
-        t = record.get(c.field)
-        if type(t) is not float or t - t != 0.0:
-            t = number(record, c.field)
-            if t is None or not math.isfinite(t):
-                return []
         if t <= 0:
             return []
         values = self._values

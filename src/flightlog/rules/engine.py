@@ -10,12 +10,13 @@ without its condition). Alerts go out as ``alert`` records through the writer's
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
 from flightlog.protocol import ALERT, EVENT, METRICS, parse_timestamp
 from flightlog.rules.config import RulesConfig
-from flightlog.rules.detectors import DETECTORS, Detector, Finding, number
+from flightlog.rules.detectors import DETECTORS, Detector, Finding, ValueDetector, number
 from flightlog.rules.stall import StallWatch
 
 Record = dict[str, Any]
@@ -118,29 +119,43 @@ class RulesEngine:
         self.watch = watch
         self.ticks = 0
         self.alerts = 0
-        self._plans: dict[tuple[str, ...], list[Callable[..., list[Finding]]]] = {}
+        self._plans: dict[tuple[str, ...], list[tuple[str | None, Any]]] = {}
 
-    def _plan(self, record: Mapping[str, Any]) -> list[Callable[..., list[Finding]]]:
-        """The detectors' ``update`` methods that can see something in a record with these keys
-        (decided once per key set: a run logs few distinct ones)."""
+    def _plan(self, record: Mapping[str, Any]) -> list[tuple[str | None, Any]]:
+        """What to run for a record with these keys (decided once per key set: a run logs few
+        distinct ones): only detectors that can see something in it, in their order, as
+        ``(None, update)`` or, for a row of detectors of the same single metric,
+        ``(field, [feed, ...])`` so that the value is read and checked once."""
         keys = tuple(record)
-        plan = self._plans.get(keys)
-        if plan is None:
-            if len(self._plans) >= 256:
-                self._plans.clear()  # a run with ever-changing keys: keep the cache bounded
-            present = set(keys)
-            plan = []
-            for d in self.detectors:
-                inputs = d.inputs()
-                if inputs is None or not present.isdisjoint(inputs):
-                    plan.append(d.update)
-            self._plans[keys] = plan
+        if len(self._plans) >= 256:
+            self._plans.clear()  # a run with ever-changing keys: keep the cache bounded
+        present = set(keys)
+        plan: list[tuple[str | None, Any]] = []
+        for d in self.detectors:
+            inputs = d.inputs()
+            if inputs is not None and present.isdisjoint(inputs):
+                continue
+            if isinstance(d, ValueDetector) and type(d).update is ValueDetector.update:
+                field = d.config.field  # type: ignore[attr-defined]
+                if plan and plan[-1][0] == field:
+                    plan[-1][1].append(d.feed)
+                else:
+                    plan.append((field, [d.feed]))
+            else:
+                plan.append((None, d.update))
+        self._plans[keys] = plan
         return plan
 
     def evaluate(self, record: Mapping[str, Any]) -> list[Finding]:
         """Run every detector on one metrics record; returns the findings that pass rate limiting."""
-        was_warmup = self.warmup.active
-        warmup = self.warmup.update(record)
+        tracker = self.warmup
+        was_warmup = tracker.active
+        stage = record.get("stage")
+        if stage == "train" or stage == "warmup":  # what WarmupTracker.update does for these two
+            tracker._has_stage = True
+            warmup = tracker.active = stage == "warmup"
+        else:
+            warmup = tracker.update(record)
         if was_warmup and not warmup:
             for d in self.detectors:
                 d.on_warmup_end()
@@ -149,10 +164,21 @@ class RulesEngine:
         if plan is None:
             plan = self._plan(record)
         found: list[Finding] = []
-        for update in plan:
-            result = update(record, warmup)
-            if result:
-                found.extend(result)
+        for field, run in plan:
+            if field is None:
+                result = run(record, warmup)
+                if result:
+                    found.extend(result)
+                continue
+            x = record.get(field)  # ValueDetector.update's check, once for the row
+            if type(x) is not float or x - x != 0.0:
+                x = number(record, field)
+                if x is None or not math.isfinite(x):
+                    continue
+            for feed in run:
+                result = feed(x, record, warmup)
+                if result:
+                    found.extend(result)
         if not found and not self.limiter._last_seen:
             return found  # nothing found, nothing armed: admit() would return [] too
         return self.limiter.admit(found, self.ticks)
@@ -177,8 +203,8 @@ class RulesEngine:
             return  # no progress: observe() would ignore it; skip parsing the timestamp
         text = record.get("timestamp")
         try:
-            # Python >= 3.11 reads the trailing "Z" itself: parse_timestamp's replace() is not needed
-            t = _fromisoformat(text).timestamp() if type(text) is str and text[-1:] == "Z" else None
+            # Python >= 3.11 reads a trailing "Z" itself: parse_timestamp's replace() is not needed
+            t = _fromisoformat(text).timestamp() if type(text) is str else None
         except ValueError:
             t = None
         if t is None:
