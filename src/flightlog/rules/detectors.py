@@ -500,25 +500,6 @@ class Rising(ValueDetector):
         self._s = self._q = self._p = 0.0  # sum y, sum y^2, sum i*y
         self._updates = 0
 
-    def _push(self, x: float) -> None:
-        values = self._values
-        n = len(values)
-        if n == values.maxlen:
-            y0 = values[0]
-            self._p -= self._s - y0
-            self._s -= y0
-            self._q -= y0 * y0
-            n -= 1
-        values.append(x)
-        self._s += x
-        self._q += x * x
-        self._p += n * x
-        self._updates += 1
-        if self._updates % 256 == 0:
-            self._s = sum(values)
-            self._q = sum(v * v for v in values)
-            self._p = sum(i * v for i, v in enumerate(values))
-
     def _trend(self) -> tuple[float, float]:
         n = len(self._values)
         sxx = n * (n * n - 1) / 12.0
@@ -535,7 +516,7 @@ class Rising(ValueDetector):
             self._rises += 1
         else:
             self._rises = 0
-        # _push(x), inlined on locals (this runs for every record); same operations, same order
+        # The window's sums, updated on locals (this runs for every record)
         n = len(values)
         s, q, p = self._s, self._q, self._p
         if n == values.maxlen:
