@@ -12,6 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _flightlog_home(tmp_path_factory, monkeypatch):
+    """Every test's runs go to a temporary run index, never the user's ~/.flightlog."""
+    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path_factory.getbasetemp() / "flightlog-home"))
+
+
 @pytest.fixture
 def console() -> io.StringIO:
     return io.StringIO()
@@ -26,6 +32,7 @@ def make_run(tmp_path, console, monkeypatch):
     for name in list(__import__("os").environ):
         if name.startswith("FLIGHTLOG_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "flightlog-home"))  # the run index stays in tmp
     runs = []
 
     def factory(**options):

@@ -108,6 +108,8 @@ BAD_VALUES = [
     ("rank_streams", "yes", "true or false"),
     ("straggler_margin", -0.1, "a fraction > 0"),
     ("straggler_patience", 0, "an integer >= 1"),
+    # run index (tests/test_index.py covers more)
+    ("index", "yes", "true or false"),
 ]
 
 

@@ -336,3 +336,30 @@ class TestValuesEndToEnd:
         assert any("metric 'weird': values of type" in m and "Opaque" in m for m in messages)
         assert any("metric 'big': tensor of shape (1000,) is too large" in m for m in messages)
         assert run.writer.rejected_values == 2
+
+
+class TestLogHandler:
+    def test_std_logging_becomes_events(self, make_run):
+        """logging records become events with level, file:line, logger name; exceptions included."""
+        import logging
+
+        run = make_run()
+        logger = logging.getLogger("flightlog-test-handler")
+        logger.setLevel(logging.DEBUG)
+        handler = flightlog.LogHandler(run)
+        logger.addHandler(handler)
+        try:
+            logger.info("Loading dataset '%s' (%d samples)...", "alpaca", 500)
+            line = __import__("inspect").currentframe().f_lineno - 1
+            logger.debug("too detailed")  # the handler's level is INFO
+            try:
+                raise ValueError("bad sample")
+            except ValueError:
+                logger.exception("skipping a sample")
+        finally:
+            logger.removeHandler(handler)
+        run.finish()
+        events = [r for r in read_stream(run.log_dir / "train.jsonl") if r["type"] == "event"]
+        assert events[0]["message"] == "Loading dataset 'alpaca' (500 samples)..." and events[0]["source"] == f"test_run.py:{line}"
+        assert events[0]["logger"] == "flightlog-test-handler" and events[0]["level"] == "INFO"
+        assert len(events) == 2 and events[1]["level"] == "ERROR" and "ValueError: bad sample" in events[1]["message"]

@@ -126,6 +126,8 @@ class Config:
     """A rank slower than the others' median step time by more than this fraction is lagging."""
     straggler_patience: int = 3
     """Logging steps in a row the same rank must lag before a straggler alert."""
+    index: bool = True
+    """Keep the run in the run index under FLIGHTLOG_HOME (``flightlog ls``); never fatal to training."""
 
     def __post_init__(self) -> None:
         validate(self, {})
@@ -220,6 +222,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "rank_streams": (lambda v: type(v) is bool, "true or false"),
     "straggler_margin": (_positive_number, "a fraction > 0 (0.2 = 20% slower)"),
     "straggler_patience": (_positive_int, "an integer >= 1"),
+    "index": (lambda v: type(v) is bool, "true or false"),
 }
 assert set(RULES) == set(FIELDS), "every config field needs a validation rule"
 

@@ -8,6 +8,7 @@ See ``docs/protocol.md`` for the full description with ``jq`` examples.
 from __future__ import annotations
 
 import math
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any, Final
@@ -47,6 +48,24 @@ SEED_METRICS: Final = (
     "precision",
 )
 EVAL_PREFIX: Final = "eval_"
+
+_LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|wer|cer|_time_s$|nll)")
+_HIGHER_IS_BETTER = re.compile(r"(acc|f1|bleu|rouge|mrr|recall|precision|auc|ndcg|map_|reward|exact_match|score)")
+
+
+def metric_goal(name: str) -> int:
+    """-1 when smaller is better (losses), +1 when larger is better (accuracies), else 0.
+
+    Decides which metrics get a "best" value in summaries (writer, run index, compare).
+    """
+    if name in ENVELOPE or "learning_rate" in name or "time" in name:
+        return 0
+    if _LOWER_IS_BETTER.search(name):
+        return -1
+    if _HIGHER_IS_BETTER.search(name):
+        return 1
+    return 0
+
 
 LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LEVEL_NUMBERS: Final = {name: 10 * (i + 1) for i, name in enumerate(LEVELS)}

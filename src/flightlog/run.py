@@ -165,6 +165,7 @@ class Run:
             meta = self._redactor.redact_nested(meta)
         self.run_file = self._open_run_file(meta)
         self.run_file.update(fsync=True)
+        self._update_index({})
 
         self._finished = False
         self._finish_lock = threading.Lock()
@@ -368,6 +369,7 @@ class Run:
             **self._counters(),
             **({} if closed else {"writer_timeout": True}),
         )
+        self._update_index(None)
         self._restore_signal_handlers()
         try:
             atexit.unregister(self._at_exit)
@@ -392,6 +394,19 @@ class Run:
 
     def _heartbeat(self, writer: Writer) -> None:
         self.run_file.update(status="running", last_step=self.summary.last_step, **self._counters())
+        summary = self.summary.summary()
+        self._update_index(self._redactor.redact_nested(summary) if self._redactor else summary)
+
+    def _update_index(self, summary: dict[str, Any] | None) -> None:
+        """Keep this run current in the run index (``flightlog ls``); an index failure never reaches training."""
+        if not self.config.index:
+            return
+        try:
+            from flightlog.store.index import upsert_run
+
+            upsert_run(self.run_file.meta, summary)
+        except Exception:
+            pass
 
     def __enter__(self) -> "Run":
         return self

@@ -15,8 +15,17 @@ from typing import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("flightlog.cli.demo", "run a real tiny training on the CPU, recorded by flightlog"),
+    "watch": ("flightlog.cli.watch", "record a run that knows nothing of flightlog: follow OUTPUT_DIR, or run -- COMMAND"),
     "doctor": ("flightlog.cli.doctor", "replay the diagnosis rules over a run and explain what happened"),
     "alerts": ("flightlog.cli.alerts", "alerting helpers: prometheus-rules writes Prometheus alerting rules"),
+    "index": ("flightlog.cli.index", "add the runs found under folders to the run index"),
+    "ls": ("flightlog.cli.ls", "list indexed runs, filtered (--where) and sorted"),
+    "show": ("flightlog.cli.show", "show one run: status, hyper-parameters, best metrics, paths"),
+    "compare": ("flightlog.cli.compare", "compare runs: differing hyper-parameters and best metrics side by side"),
+    "export": ("flightlog.cli.export", "export a run's records as CSV, Parquet or JSON Lines"),
+    "tail": ("flightlog.cli.tail", "print a run's last records; -f follows it live"),
+    "archive": ("flightlog.cli.archive", "archive a run as a verified tar.gz to a folder or fsspec URL"),
+    "resume": ("flightlog.cli.resume", "print (or --run) the command resuming a run from its newest valid checkpoint"),
 }
 
 

@@ -6,25 +6,11 @@ run ended without anyone re-reading the stream.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from flightlog.protocol import METRICS
+from flightlog.protocol import metric_goal
 
-_LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|wer|cer|_time_s$|nll)")
-_HIGHER_IS_BETTER = re.compile(r"(acc|f1|bleu|rouge|mrr|recall|precision|auc|ndcg|map_|reward|exact_match|score)")
 _SKIP = frozenset({"type", "timestamp", "run_id", "step", "epoch"})
-
-
-def metric_goal(name: str) -> int:
-    """-1 when smaller is better (losses), +1 when larger is better (accuracies), else 0."""
-    if name in _SKIP or "learning_rate" in name or "time" in name:
-        return 0
-    if _LOWER_IS_BETTER.search(name):
-        return -1
-    if _HIGHER_IS_BETTER.search(name):
-        return 1
-    return 0
 
 
 class SummaryTracker:

@@ -10,16 +10,15 @@ the best and last metrics.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from flightlog.pipeline.summary import SummaryTracker
-from flightlog.protocol import (ALERT, CHECKPOINT, EVENT, METRICS, RUN_END, RUN_START, STREAM_FILE, decode, make_finite,
-                                parse_timestamp, superseded_after)
+from flightlog.protocol import ALERT, CHECKPOINT, EVENT, METRICS, RUN_END, RUN_START, make_finite, parse_timestamp
 from flightlog.rules.advice import advice_for
 from flightlog.rules.config import RulesConfig
 from flightlog.rules.detectors import SEVERITIES
@@ -49,46 +48,6 @@ class Report:
 
 
 # --------------------------------------------------------------------------- reading
-def stream_files(log_dir: Path) -> list[Path]:
-    """A run's stream files in write order: gzip segments, then the plain file."""
-    return sorted(log_dir.glob("train.*.jsonl.gz")) + ([log_dir / STREAM_FILE] if (log_dir / STREAM_FILE).exists() else [])
-
-
-def read_stream(files: Iterable[Path], skipped: list[int]) -> Iterator[dict[str, Any]]:
-    """Records from stream files; torn or foreign lines are counted in ``skipped[0]`` and skipped."""
-    for path in files:
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as fh:  # type: ignore[operator]
-                for line in fh:
-                    if not line.strip():
-                        continue
-                    try:
-                        yield decode(line)
-                    except ValueError:
-                        skipped[0] += 1
-        except (OSError, EOFError):  # a gzip segment cut off by a crash
-            skipped[0] += 1
-
-
-def visible(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop records that a later resume made obsolete (see ``protocol.superseded_after``)."""
-    tagged, starts, segment = [], [], 0
-    for r in records:
-        if r.get("type") == RUN_START:
-            segment = int(r.get("segment", segment) or 0)
-            starts.append(r)
-        tagged.append((segment, r))
-    limits = superseded_after(starts)
-    out = []
-    for seg, r in tagged:
-        step = r.get("step")
-        if type(step) is int and step > limits.get(seg, float("inf")) and r.get("type") != RUN_START:
-            continue
-        out.append(r)
-    return out
-
-
 def load_path(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:
     """Records, run.json metadata and skipped-line count for a run directory, output directory or file.
 
@@ -98,14 +57,22 @@ def load_path(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"flightlog doctor: {str(p)!r} does not exist")
-    skipped = [0]
+    from flightlog.store.reader import ScanReport, read_records, resolve_run_dir
+
+    own_stream = p.name.endswith((".jsonl", ".jsonl.gz")) and p.name != "logging.jsonl"
     if p.is_dir():
-        for log_dir in (p, p / "logs"):
-            files = stream_files(log_dir)
-            if files:
-                return visible(read_stream(files, skipped)), read_run_file(log_dir), skipped[0]
-    elif p.name.endswith((".jsonl", ".jsonl.gz")) and p.name != "logging.jsonl":
-        return visible(read_stream([p], skipped)), read_run_file(p.parent), skipped[0]
+        try:
+            log_dir = resolve_run_dir(p)
+        except FileNotFoundError:
+            log_dir = None
+        if log_dir is not None:
+            own_stream, p = True, log_dir
+    if own_stream:
+        report = ScanReport()
+        with warnings.catch_warnings():  # counted in the report instead
+            warnings.simplefilter("ignore")
+            records = list(read_records(p, report=report))
+        return records, read_run_file(p if p.is_dir() else p.parent), report.torn_lines + report.corrupt_lines
     return _imported(p), None, 0
 
 

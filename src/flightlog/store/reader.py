@@ -202,21 +202,35 @@ def _scan(files: Sequence[Path], types: Iterable[str] | None) -> _Scan:
 
 
 # ---------------------------------------------------------------------- records
+def tagged_records(path_or_run: Any, report: ScanReport | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """``(segment, record)`` for every record of a run in file order, superseded ones included.
+
+    ``report`` (optional) receives the counts of torn and corrupt lines that were skipped.
+    """
+    files = stream_files(path_or_run)
+    scan = _scan(files, None)
+    if report is not None:
+        report.files, report.torn_lines, report.corrupt_lines = scan.report.files, scan.report.torn_lines, scan.report.corrupt_lines
+        report.problems = scan.report.problems
+    out = []
+    for segment, line in _merge_in_order(scan):
+        record = _decode_or_note(line, files[0], 0, scan.report)
+        if record is not None:
+            out.append((segment, record))
+    return out
+
+
 def read_records(
     path_or_run: Any,
     types: Iterable[str] | None = None,
     include_superseded: bool = False,
+    report: ScanReport | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Every record of a run in file order, as dicts (non-finite numbers restored)."""
-    files = stream_files(path_or_run)
     wanted = None if types is None else set(types)
-    scan = _scan(files, None)
-    limits = superseded_after(scan.run_starts)
-    merged = _merge_in_order(scan)
-    for segment, line in merged:
-        record = _decode_or_note(line, files[0], 0, scan.report)
-        if record is None:
-            continue
+    tagged = tagged_records(path_or_run, report)
+    limits = superseded_after([r for _, r in tagged if r.get("type") == RUN_START])
+    for segment, record in tagged:
         if wanted is not None and record.get("type") not in wanted:
             continue
         if not include_superseded and _is_superseded(record, segment, limits):
