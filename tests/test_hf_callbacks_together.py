@@ -54,16 +54,23 @@ def trainer(out: Path, stop_at: int | None) -> tuple[Any, CheckpointCallback]:
 
 
 @pytest.mark.slow
-def test_both_callbacks_one_run_through_a_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize("same_trainer", [False, True], ids=["rerun", "same-trainer"])
+def test_both_callbacks_one_run_through_a_resume(tmp_path: Path, same_trainer: bool) -> None:
     """One run in two segments; the resumed segment's metrics are the resumed trainer's
-    log_history; one checkpoint record per save; continuity exact; no ERROR event."""
+    log_history; one checkpoint record per save; continuity exact; no ERROR event.
+    ``rerun``: a new Trainer and new callbacks (the script run again); ``same-trainer``:
+    train() called again on the first Trainer with its callbacks."""
     torch.set_num_threads(1)
     out = tmp_path / "out"
-    first, _ = trainer(out, stop_at=6)
+    first, ckpt = trainer(out, stop_at=6)
     first.train()
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
 
-    second, ckpt = trainer(out, stop_at=None)
+    if same_trainer:
+        second = first
+        next(cb for cb in first.callback_handler.callbacks if isinstance(cb, StopAt)).step = None
+    else:
+        second, ckpt = trainer(out, stop_at=None)
     chosen = ckpt.resume_from(out)
     assert chosen == str(out / "checkpoint-4")
     second.train(resume_from_checkpoint=chosen)
