@@ -3,9 +3,12 @@
     python bench/store_bench.py                    # 1,000,000 records, 10,000 runs
     python bench/store_bench.py --records 200000 --runs 2000 --repeat 1
 
-Loading compares what users would write (``pandas.read_json(path, lines=True)``) with
-``flightlog.load`` (pandas DataFrame) and ``load_polars`` (Polars DataFrame), on the same
-file, in the same process. The index part times ``RunIndex.query`` and the whole
+The stream is written through the real JSONL sink with its columnar sidecar (and once
+without, to show the sidecar's cost). Loading compares what users would write
+(``pandas.read_json(path, lines=True)``) with the loader before (``reader.load_polars``,
+line by line), JSON parsing alone (``sidecar=False``) and ``flightlog.load`` (cold: no
+cache under FLIGHTLOG_HOME, the sidecar read as the writer left it), on the same file, in
+the same process. The index part times ``RunIndex.query`` and the whole
 ``flightlog ls --where`` command (a fresh process, Python start-up included).
 Prints a table; figures go to docs/benchmarks.md.
 """
@@ -26,47 +29,73 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from flightlog.protocol import encode, format_timestamp  # noqa: E402
+from flightlog.protocol import format_timestamp  # noqa: E402
 
 
-def write_stream(path: Path, records: int, seed: int = 0) -> int:
-    """A realistic train.jsonl: run_start, seed-named metrics, an eval every 500 steps, events."""
+def records_of(records: int, seed: int = 0):
+    """A realistic train.jsonl's records: run_start, seed-named metrics, an eval every 500 steps, events."""
     rng = random.Random(seed)
     t0 = 1_796_000_000.0
     run_id = "20261130-000000-bench0"
-    lines = [
-        encode(
-            {
-                "type": "run_start", "timestamp": format_timestamp(t0), "run_id": run_id, "run_name": "bench",
-                "task_type": "sft", "model_name": "qwen3-7b", "segment": 0, "resumed_from_step": None,
-                "config": {"lora_rank": 32, "lora_alpha": 64, "learning_rate": 2e-5, "per_device_train_batch_size": 1},
-            }
-        )
-    ]  # fmt: skip
-    step = 0
-    while len(lines) < records - 1:
+    yield {
+        "type": "run_start", "timestamp": format_timestamp(t0), "run_id": run_id, "run_name": "bench",
+        "task_type": "sft", "model_name": "qwen3-7b", "segment": 0, "resumed_from_step": None,
+        "config": {"lora_rank": 32, "lora_alpha": 64, "learning_rate": 2e-5, "per_device_train_batch_size": 1},
+    }  # fmt: skip
+    n, step = 1, 0
+    while n < records - 1:
         step += 1
         t = t0 + step * 0.5
         loss = 2.5 * math.exp(-step / 200_000) + rng.random() * 0.05
-        lines.append(
-            encode(
-                {
-                    "type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step,
-                    "epoch": round(step / 100_000, 5), "loss": loss, "learning_rate": 2e-5 * (1 - step / 2e6),
-                    "grad_norm": rng.random() * 2, "gpu_memory_mb": 18_000 + rng.randint(0, 500),
-                    "gpu_memory_peak_mb": 19_000, "throughput_samples_per_sec": 40 + rng.random() * 5,
-                    "step_time_s": 0.5 + rng.random() * 0.01, "stage": "stable" if step > 1000 else "warmup",
-                }
-            )
-        )  # fmt: skip
+        yield {
+            "type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step,
+            "epoch": round(step / 100_000, 5), "loss": loss, "learning_rate": 2e-5 * (1 - step / 2e6),
+            "grad_norm": rng.random() * 2, "gpu_memory_mb": 18_000 + rng.randint(0, 500),
+            "gpu_memory_peak_mb": 19_000, "throughput_samples_per_sec": 40 + rng.random() * 5,
+            "step_time_s": 0.5 + rng.random() * 0.01, "stage": "stable" if step > 1000 else "warmup",
+        }  # fmt: skip
+        n += 1
         if step % 500 == 0:
-            lines.append(encode({"type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "eval_loss": loss * 1.1, "eval_accuracy": 1 - loss / 3}))
+            yield {"type": "metrics", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "eval_loss": loss * 1.1, "eval_accuracy": 1 - loss / 3}
+            n += 1
         if step % 5000 == 0:
-            lines.append(encode({"type": "event", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "level": "INFO", "source": "trainer.py:478", "message": f"saving checkpoint-{step}"}))
-    lines.append(encode({"type": "run_end", "timestamp": format_timestamp(t0 + step), "run_id": run_id, "step": step, "status": "finished", "summary": {}}))
-    data = b"".join(lines)
-    path.write_bytes(data)
-    return len(lines)
+            yield {"type": "event", "timestamp": format_timestamp(t), "run_id": run_id, "step": step, "level": "INFO", "source": "trainer.py:478", "message": f"saving checkpoint-{step}"}
+            n += 1
+    yield {"type": "run_end", "timestamp": format_timestamp(t0 + step), "run_id": run_id, "step": step, "status": "finished", "summary": {}}
+
+
+def write_stream(path: Path, records: int, seed: int = 0, batch: int = 1000) -> list[tuple[str, str, str, str]]:
+    """Writes the stream through the real JSONL sink as the writer thread does (batches of
+    ``batch`` records): once without the columnar sidecar into a scratch folder, then with
+    it into ``path``'s folder. Rows: the time spent in the sink's calls (what the writer
+    thread waits for) and the process CPU of each pass (the same records are generated in
+    both, so the difference is the sidecar's CPU, its converter thread included)."""
+    from flightlog.sinks.jsonl import JsonlSink
+
+    rows = []
+    for columnar in (False, True):
+        folder = path.parent if columnar else path.parent.parent / "plain"
+        gc.collect()
+        cpu = time.process_time()
+        sink = JsonlSink(folder, fsync="never", columnar=columnar)
+        spent, n = 0.0, 0
+        source = records_of(records, seed)
+        while chunk := [r for _, r in zip(range(batch), source)]:
+            n += len(chunk)
+            start = time.perf_counter()
+            sink.write(chunk)
+            spent += time.perf_counter() - start
+        start = time.perf_counter()
+        sink.close()  # with the sidecar: also waits for its converter thread
+        spent += time.perf_counter() - start
+        cpu = time.process_time() - cpu
+        label = "JSONL sink + columnar sidecar (default)" if columnar else "JSONL sink alone (columnar=False)"
+        rows.append((f"writer: {label}", f"{n:,}", f"{spent:.2f}", f"CPU {cpu:.1f} s"))
+        if not columnar:
+            for f in folder.iterdir():
+                f.unlink()
+            folder.rmdir()
+    return rows
 
 
 def best_of(fn, repeat: int) -> tuple[float, object]:
@@ -88,30 +117,30 @@ def bench_load(records: int, repeat: int, tmp: Path) -> list[tuple[str, str, str
 
     path = tmp / "logs" / "train.jsonl"
     path.parent.mkdir(parents=True)
-    n = write_stream(path, records)
+    rows = write_stream(path, records)
+    n = int(rows[0][1].replace(",", ""))
     size = path.stat().st_size / 2**20
-    print(f"stream: {n:,} records, {size:.0f} MiB at {path}", file=sys.stderr)
-    rows = []
+    cols_dir = path.parent / "train.cols"
+    cols = sum(f.stat().st_size for f in cols_dir.iterdir()) / 2**20 if cols_dir.exists() else 0.0
+    print(f"stream: {n:,} records, {size:.0f} MiB at {path}; columnar sidecar {cols:.0f} MiB", file=sys.stderr)
     t_pandas, frame = best_of(lambda: pd.read_json(path, lines=True), 1)
     rows.append(("pandas.read_json(lines=True), all records", f"{len(frame):,}", f"{t_pandas:.2f}", "1.0x"))
     del frame
     os.environ["FLIGHTLOG_HOME"] = str(tmp / "home")  # the fast loader's cache lives here
     for label, fn, times in (
-        ("reader.load_polars (metrics)", lambda: load_polars(path.parent), repeat),
-        ("flightlog.load -> pandas (metrics)", lambda: flightlog.load(path.parent), repeat),
-        ("fastload.load_polars, cold (no cache)", lambda: fastload.load_polars(path.parent, cache=False), repeat),
-        ("fastload.load_polars, first load (writes cache)", lambda: fastload.load_polars(path.parent), 1),
-        ("fastload.load_polars, cached", lambda: fastload.load_polars(path.parent), repeat),
-        ("fastload.load -> pandas, cached", lambda: fastload.load(path.parent), repeat),
-        ("fastload.load -> pandas, all types, cached", lambda: fastload.load(path.parent, types=None), repeat),
+        ("before: reader.load_polars (line-by-line, metrics)", lambda: load_polars(path.parent), 1),
+        ("JSONL only: load_polars(sidecar=False, cache=False)", lambda: fastload.load_polars(path.parent, cache=False, sidecar=False), 1),
+        ("flightlog.load -> pandas (metrics), cold", lambda: flightlog.load(path.parent), repeat),
+        ("load_polars (metrics), cold", lambda: fastload.load_polars(path.parent), repeat),
+        ("flightlog.load -> pandas, all types, cold", lambda: flightlog.load(path.parent, types=None), repeat),
     ):
         t, frame = best_of(fn, times)
         rows.append((label, f"{len(frame):,}", f"{t:.2f}", f"{t_pandas / t:.1f}x"))
         del frame
-    with open(path, "ab") as fh:  # the run goes on: 1% more records appended
+    with open(path, "ab") as fh:  # the run goes on: 1% more records appended, not yet in the sidecar
         fh.write(path.read_bytes()[-(path.stat().st_size // 100) :].split(b"\n", 1)[1])
-    t, frame = best_of(lambda: fastload.load_polars(path.parent), 1)
-    rows.append(("fastload.load_polars, cached + 1% appended", f"{len(frame):,}", f"{t:.2f}", f"{t_pandas / t:.1f}x"))
+    t, frame = best_of(lambda: flightlog.load(path.parent), repeat)
+    rows.append(("flightlog.load, + 1% appended after the sidecar", f"{len(frame):,}", f"{t:.2f}", f"{t_pandas / t:.1f}x"))
     if fastload.fallbacks:
         rows.append(("(fastload fell back to the reader)", str(fastload.fallbacks), "", ""))
     return rows

@@ -34,7 +34,7 @@ def test_hf_trainer_kill_and_resume_is_exact(tmp_path: Path) -> None:
     from transformers.trainer_utils import get_last_checkpoint
 
     from flightlog.checkpoint import find_latest_valid, metric_series, visible_records
-    from flightlog.checkpoint.continuity import read_stream
+    from flightlog.store.reader import tagged_records
 
     hf(tmp_path / "base", "--final", str(tmp_path / "base.pt"))
     out = tmp_path / "run"
@@ -62,6 +62,6 @@ def test_hf_trainer_kill_and_resume_is_exact(tmp_path: Path) -> None:
     assert any(m.startswith("Loaded state: global_step=4, epoch=0.80") for m in messages)
     statuses = [(r["status"], Path(r["path"]).name) for r in records if r["type"] == "checkpoint"]
     assert ("rejected", "checkpoint-8") in statuses and ("loaded", "checkpoint-4") in statuses
-    continuity = [r["continuity"] for _, r in read_stream(out / "logs") if "continuity" in r]
+    continuity = [r["continuity"] for _, r in tagged_records(out / "logs") if "continuity" in r]
     assert continuity == ["exact", "exact"], continuity  # one per resume (the first is superseded by the second)
     assert all((out / f"checkpoint-{s}" / "flightlog_manifest.json").exists() for s in (4, 8, 12))

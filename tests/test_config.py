@@ -71,6 +71,7 @@ BAD_VALUES = [
     ("queue_size", 0, "an integer >= 1"),
     ("on_full", "drop_newest", "one of block, drop_oldest"),
     ("compress", "yes", "true or false"),
+    ("columnar", 1, "true or false"),
     ("segment_bytes", 100, "an integer >= 4096"),
     ("csv_compress", 1, "true or false"),
     ("redact", None, "true or false"),

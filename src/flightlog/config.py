@@ -75,6 +75,8 @@ class Config:
     """Write the stream as gzip segments ``train.NNNNN.jsonl.gz``."""
     segment_bytes: int = 64 * 1024 * 1024
     """Rotate a gzip segment when its compressed size passes this."""
+    columnar: bool = True
+    """Also keep an Arrow copy of ``train.jsonl`` in ``logs/train.cols/`` (off the hot path) so ``flightlog.load`` parses no JSON; plain streams only."""
     csv_compress: bool = False
     """Write the CSV sink's file as ``metrics.csv.gz``."""
     redact: bool = True
@@ -193,6 +195,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "queue_size": (_positive_int, "an integer >= 1"),
     "on_full": (_choice(*FULL_POLICIES), "one of " + ", ".join(FULL_POLICIES)),
     "compress": (lambda v: type(v) is bool, "true or false"),
+    "columnar": (lambda v: type(v) is bool, "true or false"),
     "segment_bytes": (lambda v: type(v) is int and v >= 4096, "an integer >= 4096"),
     "csv_compress": (lambda v: type(v) is bool, "true or false"),
     "redact": (lambda v: type(v) is bool, "true or false"),

@@ -10,7 +10,7 @@ the newest valid one and reports the others. Saves and loads become ``checkpoint
 records. Composes with ``flightlog.integrations.hf.FlightlogCallback`` (which owns the
 run): pass ``record_saves=False`` then, as that callback records saves itself.
 
-    cb = CheckpointCallback()
+    cb = CheckpointCallback(record_saves=False)      # listed after FlightlogCallback
     trainer = Trainer(..., callbacks=[FlightlogCallback(), cb])
     trainer.train(resume_from_checkpoint=cb.resume_from(args.output_dir))
 """

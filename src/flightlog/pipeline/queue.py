@@ -12,7 +12,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 
 class RecordQueue:
@@ -29,27 +29,15 @@ class RecordQueue:
         self.wake = threading.Event()
         # Set by the writer after each drain, so a blocked producer can go on.
         self.space = threading.Event()
-        self.put: Callable[[Any], None] = self._put_block if on_full == "block" else self._put_drop
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def _put_block(self, item: Any) -> None:
-        items = self._items
-        if len(items) >= self.maxsize:
-            self._wait_for_space()
-        items.append(item)
-
-    def _put_drop(self, item: Any) -> None:
-        items = self._items
-        if len(items) >= self.maxsize:
-            try:
-                items.popleft()
-                self.dropped += 1
-            except IndexError:
-                pass
-            self.wake.set()
-        items.append(item)
+    def put(self, item: Any) -> None:
+        """Enqueue (``Run.log`` inlines this: a length check and an append)."""
+        if len(self._items) >= self.maxsize:
+            self.make_room()
+        self._items.append(item)
 
     def make_room(self) -> None:
         """Called by a producer that found the queue full: wait (block) or drop the oldest."""
@@ -70,7 +58,7 @@ class RecordQueue:
                 f"flightlog: the record queue is full ({self.maxsize} records); log() waits for the writer. "
                 "Raise queue_size, log less often (logging_steps), or set on_full='drop_oldest'.",
                 RuntimeWarning,
-                stacklevel=5,
+                stacklevel=5,  # the caller of Run.log
             )
         start = time.perf_counter()
         while len(self._items) >= self.maxsize:

@@ -25,7 +25,10 @@ from flightlog.protocol import EVENT, METRICS, format_timestamp
 from flightlog.sinks.base import Sink
 from flightlog.values import _NUMBER_TYPES, resolve_record
 
-CHUNK = 256  # records finished per pass; small enough to release the GIL often
+# Records finished per pass. After each pass the writer gives the GIL away (sleep(0)):
+# left to itself CPython only takes the GIL from a busy thread after the 5 ms switch
+# interval, so a training thread would wait that long for every pass the writer makes.
+CHUNK = 64
 ERROR_REPORT_INTERVAL = 60.0  # seconds between repeated reports of the same failure
 
 # A queued item: (type, unix time, step, epoch, fields).
@@ -154,6 +157,7 @@ class Writer:
             batch = self._finish(items)
             if batch:
                 self._write(batch)
+            time.sleep(0)  # let a waiting training thread run (see CHUNK)
 
     def _finish(self, items: list[Item]) -> list[Record]:
         run_id = self.run_id

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any, ClassVar, Mapping
 
 from flightlog.protocol import NONFINITE_STRINGS
@@ -66,11 +66,23 @@ def number(record: Mapping[str, Any], key: str) -> float | None:
     return None
 
 
+def median(values: Any) -> float:
+    """``statistics.median`` without its generality (same result, a third of the cost)."""
+    data = sorted(values)
+    n = len(data)
+    if n == 0:
+        raise ValueError("no median for empty data")
+    if n % 2 == 1:
+        return data[n // 2]
+    i = n // 2
+    return (data[i - 1] + data[i]) / 2
+
+
 def _robust_std(values: Any) -> float:
     """Standard deviation estimated from the median absolute deviation (spikes do not inflate it)."""
     data = list(values)
     mid = median(data)
-    return 1.4826 * median(abs(v - mid) for v in data)
+    return 1.4826 * median([abs(v - mid) for v in data])
 
 
 @dataclass(kw_only=True)
@@ -95,6 +107,11 @@ class Detector:
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         raise NotImplementedError
 
+    def inputs(self) -> tuple[str, ...] | None:
+        """Fields without which ``update`` does nothing (not even update its state); the
+        engine skips the detector for records that have none of them. None: always run."""
+        return None
+
     def on_warmup_end(self) -> None:
         """Forget what was learnt during warmup (its noise is not the run's noise)."""
 
@@ -103,11 +120,14 @@ class Detector:
         values: deque[float] = self._values  # type: ignore[attr-defined]
         if len(values) < min_values:
             return None
-        calls = getattr(self, "_median_calls", 0)
+        calls = self._median_calls
         self._median_calls = calls + 1
-        if calls % 8 == 0 or getattr(self, "_median_cache", None) is None:
-            self._median_cache: float | None = median(values)
+        if calls % 8 == 0 or self._median_cache is None:
+            self._median_cache = median(values)
         return self._median_cache
+
+    _median_calls = 0
+    _median_cache: float | None = None
 
     def finding(self, message: str, record: Mapping[str, Any], value: float | None = None,
                 threshold: float | None = None, *, warmup: bool = False, key: str = "") -> Finding:
@@ -118,6 +138,30 @@ class Detector:
                            step if type(step) is int else None, value, threshold, "", f"warmup:{key or self.name}")
         return Finding(self.name, self.severity, message, step if type(step) is int else None, value,
                        threshold, advice_for(self.name).action, key or self.name)
+
+
+class ValueDetector(Detector):
+    """A detector of one metric's finite values (``config.field``): ``feed`` gets the value.
+
+    The engine reads and checks the value once for all the detectors of that field in a
+    row (the loss has four), instead of each detector doing it again.
+    """
+
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.field,)  # type: ignore[attr-defined]
+
+    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+        key = self.config.field  # type: ignore[attr-defined]
+        x = record.get(key)
+        if type(x) is not float or x - x != 0.0:
+            x = number(record, key)
+            if x is None or not math.isfinite(x):
+                return []
+        return self.feed(x, record, warmup)
+
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+        """``update`` for a record whose ``config.field`` is the finite number ``x``."""
+        raise NotImplementedError
 
 
 # --------------------------------------------------------------------------- NaN / Inf
@@ -133,9 +177,15 @@ class NonFinite(Detector):
     name = "nonfinite"
     Config = NonFiniteConfig
 
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(self.config.fields)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         out = []
         for key in self.config.fields:  # type: ignore[attr-defined]
+            value = record.get(key)
+            if type(value) is float and value - value == 0.0:
+                continue  # the common case: a finite float
             value = number(record, key)
             if value is not None and not math.isfinite(value):
                 out.append(self.finding(f"{key} is {value}", record, value, key=f"nonfinite:{key}"))
@@ -163,7 +213,7 @@ class LossSpikeConfig(DetectorConfig):
     """... and this fraction of the loss level (the seeds' 1.0 is for LM losses of 1-5; a loss of 1000 jumps by more)."""
 
 
-class LossSpike(Detector):
+class LossSpike(ValueDetector):
     """Loss spike by three tests (z-score, ratio to early maximum, single-step jump); any one fires."""
 
     name = "loss_spike"
@@ -178,27 +228,41 @@ class LossSpike(Detector):
         self._values: deque[float] = deque(maxlen=c.window)
         self._diffs: deque[float] = deque(maxlen=c.window)
         self._reference: list[float] = []
+        self._reference_max = -math.inf  # max(self._reference), kept as it grows
         self._last: float | None = None
         self._sum = self._sumsq = 0.0
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: LossSpikeConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
-            return []
-        found = self._test(x, c)
-        if self._last is not None:
-            self._diffs.append(x - self._last)
+        values = self._values
+        last = self._last
+        # Each test needs x above something; only when one may pass are the tests run.
+        # The z-score test is pre-checked without the square root, with a 2 % margin so
+        # that rounding can never skip a value the exact test would flag.
+        n = len(values)
+        if n >= c.min_values and x > (mean := self._sum / n):
+            d = x - mean
+            z_may = d * d > 0.98 * c.sigmas * c.sigmas * (self._sumsq / n - mean * mean)
+        else:
+            z_may = False
+        if z_may or x >= c.ratio_to_max * self._reference_max or (last is not None and x - last > c.jump):
+            found = self._test(x, c)
+        else:
+            found = None
+        if last is not None:
+            self._diffs.append(x - last)
         self._last = x
-        if len(self._values) == self._values.maxlen:
-            old = self._values[0]
+        if len(values) == values.maxlen:
+            old = values[0]
             self._sum -= old
             self._sumsq -= old * old
-        self._values.append(x)
+        values.append(x)
         self._sum += x
         self._sumsq += x * x
         if len(self._reference) < c.max_reference:
             self._reference.append(x)
+            if x > self._reference_max:
+                self._reference_max = x
         if found is None:
             return []
         message, threshold = found
@@ -213,12 +277,12 @@ class LossSpike(Detector):
             if std > 0 and (x - mean) / std > c.sigmas:
                 return f"{c.field} {x:.4g} is {(x - mean) / std:.1f} sigma above the mean of the last {n} values ({mean:.4g})", mean + c.sigmas * std
         if self._reference and len(self._reference) >= min(c.min_values, c.max_reference):
-            top = max(self._reference)
+            top = self._reference_max
             if top > 0 and x >= c.ratio_to_max * top:
                 return f"{c.field} {x:.4g} is {x / top:.1f}x the maximum of the first {len(self._reference)} values", c.ratio_to_max * top
         if self._last is not None:
             jump = x - self._last
-            if jump > c.jump:
+            if jump > c.jump and jump > c.jump_relative * abs(self._last):
                 limit = max(c.jump, c.jump_relative * abs(self._last))
                 if len(self._diffs) >= 5:
                     limit = max(limit, c.jump_sigmas * _robust_std(self._diffs))
@@ -236,7 +300,7 @@ class PlateauConfig(DetectorConfig):
     """Seeds: loss constant = changes less than 0.0005 over 50 steps."""
 
 
-class Plateau(Detector):
+class Plateau(ValueDetector):
     """Loss flat to within ``min_delta`` for ``window`` records: nothing is being learnt."""
 
     name = "loss_plateau"
@@ -245,16 +309,23 @@ class Plateau(Detector):
     def __init__(self, config: PlateauConfig | None = None) -> None:
         super().__init__(config)
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
+        self._seen = 0
+        self._moved_at = -1
+        """Index of the last value that moved by ``min_delta`` or more from the one before:
+        while it is in the window, the window's spread is at least that move (no max/min needed)."""
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: PlateauConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
+        values = self._values
+        if values and abs(x - values[-1]) >= c.min_delta:
+            self._moved_at = self._seen
+        self._seen += 1
+        values.append(x)
+        if warmup or len(values) < c.window:
             return []
-        self._values.append(x)
-        if warmup or len(self._values) < c.window:
-            return []
-        spread = max(self._values) - min(self._values)
+        if self._moved_at > self._seen - len(values):
+            return []  # a move of min_delta within the window: not flat
+        spread = max(values) - min(values)
         # A loss near zero is a converged loss, not a stuck one.
         if spread < c.min_delta and abs(self._values[-1]) > 10 * c.min_delta:
             return [self.finding(f"{c.field} changed only {spread:.2g} over the last {c.window} records (stuck at {x:.4f})",
@@ -311,7 +382,7 @@ def zigzag_swings(values: Any, amplitude: float) -> tuple[int, float]:
     return swings, max(data) - min(data)
 
 
-class Oscillation(Detector):
+class Oscillation(ValueDetector):
     """Loss swinging by more than ``amplitude`` several times within a short window."""
 
     name = "loss_oscillation"
@@ -324,27 +395,56 @@ class Oscillation(Detector):
     def on_warmup_end(self) -> None:
         c: OscillationConfig = self.config  # type: ignore[assignment]
         self._values: deque[float] = deque(maxlen=c.window)
-        self._diffs: deque[float] = deque(maxlen=c.history + c.window)
+        # The last history + window changes, plus 10 kept so that the noise level can be
+        # estimated up to 9 records late from the changes it was due on (see _noise_due).
+        self._diffs: deque[float] = deque(maxlen=c.history + c.window + 10)
+        self._ndiffs = 0
         self._noise = 0.0
+        self._noise_due: tuple[int, int] | None = None
+        """(first, end) numbers of the changes the noise level is due to be estimated from
+        (it is estimated when first needed, which most records never do)."""
         self._count = 0
+        self._hi = -math.inf
+        self._lo = math.inf
+        """Bounds on the window's max and min (exact when set, then only widened): while they
+        are closer than ``amplitude``, so are the max and min, and no swing can be that large."""
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: OscillationConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
-            return []
-        if self._values:
-            self._diffs.append(x - self._values[-1])
-        self._values.append(x)
+        values, diffs = self._values, self._diffs
+        if values:
+            diffs.append(x - values[-1])
+            self._ndiffs += 1
+        values.append(x)
         self._count += 1
-        if self._count % 10 == 0 and len(self._diffs) >= c.window + 20:
-            before = list(self._diffs)[: len(self._diffs) - c.window]
-            self._noise = c.noise_sigmas * _robust_std(before)
-        level = abs(median(self._values))
+        if self._count % 10 == 0:
+            kept = min(len(diffs), c.history + c.window)  # the changes a deque of that size would hold
+            if kept >= c.window + 20:
+                self._noise_due = (self._ndiffs - kept, self._ndiffs - c.window)
+        # The amplitude is at least c.amplitude and the noise level: most records stop here,
+        # before max/min, the noise estimate and the median (sorting) are needed.
+        if x > self._hi:
+            self._hi = x
+        if x < self._lo:
+            self._lo = x
+        if self._hi - self._lo < c.amplitude:
+            return []
+        self._hi, self._lo = hi, lo = max(values), min(values)
+        spread = hi - lo
+        if spread < c.amplitude:
+            return []
+        if self._noise_due is not None:
+            first, end = self._noise_due
+            oldest = self._ndiffs - len(diffs)  # number of the oldest change still in the deque
+            self._noise = c.noise_sigmas * _robust_std(islice(diffs, first - oldest, end - oldest))
+            self._noise_due = None
+        if spread < self._noise:
+            return []
+        level = abs(median(values))
         amplitude = max(c.amplitude, self._noise, c.relative_amplitude * level)
-        if max(self._values) - min(self._values) < amplitude:
+        if spread < amplitude:
             return []  # no move can be that large: skip the zigzag walk
-        swings, biggest = zigzag_swings(self._values, amplitude)
+        swings, biggest = zigzag_swings(values, amplitude)
         if swings >= c.min_swings:
             return [self.finding(f"{c.field} swings {swings} times by more than {amplitude:.3g} within {len(self._values)} records "
                                  f"(peak-valley {biggest:.3g})", record, biggest, amplitude, warmup=warmup)]
@@ -380,7 +480,7 @@ def slope_t(values: Any) -> tuple[float, float]:
     return slope, (slope / se if se > 0 else (math.inf if slope > 0 else 0.0))
 
 
-class Rising(Detector):
+class Rising(ValueDetector):
     """Loss going up: N consecutive rises, or a significant upward trend (divergence).
 
     The trend's regression runs on sums kept up to date as the window slides (O(1) per
@@ -400,25 +500,6 @@ class Rising(Detector):
         self._s = self._q = self._p = 0.0  # sum y, sum y^2, sum i*y
         self._updates = 0
 
-    def _push(self, x: float) -> None:
-        values = self._values
-        n = len(values)
-        if n == values.maxlen:
-            y0 = values[0]
-            self._p -= self._s - y0
-            self._s -= y0
-            self._q -= y0 * y0
-            n -= 1
-        values.append(x)
-        self._s += x
-        self._q += x * x
-        self._p += n * x
-        self._updates += 1
-        if self._updates % 256 == 0:
-            self._s = sum(values)
-            self._q = sum(v * v for v in values)
-            self._p = sum(i * v for i, v in enumerate(values))
-
     def _trend(self) -> tuple[float, float]:
         n = len(self._values)
         sxx = n * (n * n - 1) / 12.0
@@ -428,25 +509,42 @@ class Rising(Detector):
             return slope, math.inf if slope > 0 else 0.0
         return slope, slope / math.sqrt(resid / (n - 2) / sxx)
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, x: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: RisingConfig = self.config  # type: ignore[assignment]
-        x = number(record, c.field)
-        if x is None or not math.isfinite(x):
-            return []
-        if self._values and x > self._values[-1]:
+        values = self._values
+        if values and x > values[-1]:
             self._rises += 1
         else:
             self._rises = 0
-        self._push(x)
+        # The window's sums, updated on locals (this runs for every record)
+        n = len(values)
+        s, q, p = self._s, self._q, self._p
+        if n == values.maxlen:
+            y0 = values[0]
+            p -= s - y0
+            s -= y0
+            q -= y0 * y0
+            n -= 1
+        values.append(x)
+        self._s = s = s + x
+        self._q = q + x * x
+        self._p = p + n * x
+        self._updates += 1
+        if self._updates % 256 == 0:
+            self._s = sum(values)
+            self._q = sum(v * v for v in values)
+            self._p = sum(i * v for i, v in enumerate(values))
         if warmup:
             return []
         if self._rises >= c.consecutive:
             return [self.finding(f"{c.field} rose {self._rises} times in a row (now {x:.4g})", record, float(self._rises), float(c.consecutive))]
-        if len(self._values) == c.window:
-            slope, t = self._trend()
+        # Both tests must pass: the rise (cheap, the slope alone) is looked at before the t-statistic.
+        n = len(values)
+        if n == c.window and self._p - (n - 1) / 2.0 * self._s > 0:
+            slope = (self._p - (n - 1) / 2.0 * self._s) / (n * (n * n - 1) / 12.0)  # as in _trend()
             level = abs(self._s / c.window) or 1.0
             rise = slope * (c.window - 1)
-            if t > c.t_stat and rise > c.min_rise * level:
+            if rise > c.min_rise * level and (t := self._trend()[1]) > c.t_stat:
                 return [self.finding(f"{c.field} trends upward: +{rise:.3g} over the last {c.window} records (t={t:.1f})",
                                      record, rise, c.min_rise * level)]
         return []
@@ -464,20 +562,31 @@ class GradExplosionConfig(DetectorConfig):
     min_values: int = 20
 
 
-class GradExplosion(Detector):
+class GradExplosion(ValueDetector):
     name = "grad_explosion"
     Config = GradExplosionConfig
+    _median_from: tuple[float, ...] | None = None
 
     def __init__(self, config: GradExplosionConfig | None = None) -> None:
         super().__init__(config)
         # Warmup values are kept: big warmup gradients only make the reference more tolerant.
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, g: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: GradExplosionConfig = self.config  # type: ignore[assignment]
-        g = number(record, c.field)
-        if g is None or not math.isfinite(g):
+        if g <= c.threshold:
+            # Cannot alert: keep the median's bookkeeping exact, but sort only when it is read.
+            values = self._values
+            if len(values) >= c.min_values:
+                calls = self._median_calls
+                self._median_calls = calls + 1
+                if calls % 8 == 0 or (self._median_cache is None and self._median_from is None):
+                    self._median_from = tuple(values)  # the median _median() would compute now
+            values.append(g)
             return []
+        if self._median_from is not None:
+            self._median_cache = median(self._median_from)
+            self._median_from = None
         usual = self._median(c.min_values)
         self._values.append(g)
         # Until the run's usual norm is known, only a clear explosion (threshold x ratio) counts:
@@ -497,7 +606,7 @@ class GradVanishingConfig(DetectorConfig):
     """... for this many records in a row (one tiny value is not a trend)."""
 
 
-class GradVanishing(Detector):
+class GradVanishing(ValueDetector):
     name = "grad_vanishing"
     Config = GradVanishingConfig
 
@@ -505,11 +614,8 @@ class GradVanishing(Detector):
         super().__init__(config)
         self._count = 0
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, g: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: GradVanishingConfig = self.config  # type: ignore[assignment]
-        g = number(record, c.field)
-        if g is None or not math.isfinite(g):
-            return []
         self._count = self._count + 1 if g < c.threshold else 0
         if self._count >= c.patience and not warmup:
             return [self.finding(f"{c.field} {g:.3g} < {c.threshold} for {self._count} records", record, g, c.threshold)]
@@ -535,12 +641,19 @@ class AdapterStalled(Detector):
         super().__init__(config)
         self._count = 0
 
+    def inputs(self) -> tuple[str, ...]:
+        return (self.config.adapter_field,)  # type: ignore[attr-defined]
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: AdapterStalledConfig = self.config  # type: ignore[assignment]
-        a = number(record, c.adapter_field)
-        if a is None:
-            return []
-        b = number(record, c.backbone_field)
+        a = record.get(c.adapter_field)
+        if type(a) is not float:
+            a = number(record, c.adapter_field)
+            if a is None:
+                return []
+        b = record.get(c.backbone_field)
+        if b is not None and type(b) is not float:
+            b = number(record, c.backbone_field)
         frozen = b is None or b == 0.0
         self._count = self._count + 1 if frozen and a < c.threshold else 0
         if self._count >= c.patience and not warmup:
@@ -560,11 +673,25 @@ class MemoryPressure(Detector):
     name = "memory_pressure"
     Config = MemoryConfig
 
+    def inputs(self) -> tuple[str, ...]:
+        return ("gpu_memory_total_mb",)
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: MemoryConfig = self.config  # type: ignore[assignment]
-        total = number(record, "gpu_memory_total_mb")
-        used = max((v for v in (number(record, "gpu_memory_mb"), number(record, "gpu_memory_peak_mb")) if v is not None), default=None)
-        if not total or used is None or total <= 0:
+        total = record.get("gpu_memory_total_mb")
+        if type(total) is not float:
+            total = number(record, "gpu_memory_total_mb")
+        if not total or total <= 0:
+            return []
+        used = record.get("gpu_memory_mb")
+        if type(used) is not float:
+            used = number(record, "gpu_memory_mb")
+        peak = record.get("gpu_memory_peak_mb")
+        if peak is not None:
+            peak = number(record, "gpu_memory_peak_mb")
+        if peak is not None and (used is None or peak > used):
+            used = peak
+        if used is None:
             return []
         share = used / total
         if share > c.fraction:
@@ -584,7 +711,7 @@ class SlowStepConfig(DetectorConfig):
     """Slow records in a row (one slow step is a checkpoint or an eval, not a bottleneck)."""
 
 
-class SlowStep(Detector):
+class SlowStep(ValueDetector):
     name = "slow_step"
     Config = SlowStepConfig
 
@@ -593,12 +720,19 @@ class SlowStep(Detector):
         self._values: deque[float] = deque(maxlen=self.config.window)  # type: ignore[attr-defined]
         self._count = 0
 
-    def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+    def feed(self, t: float, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
         c: SlowStepConfig = self.config  # type: ignore[assignment]
-        t = number(record, c.field)
-        if t is None or not math.isfinite(t) or t <= 0:
+        if t <= 0:
             return []
-        usual = self._median(c.min_values)
+        values = self._values
+        if len(values) < c.min_values:
+            usual = None
+        else:  # self._median(c.min_values), inlined
+            calls = self._median_calls
+            self._median_calls = calls + 1
+            if calls % 8 == 0 or self._median_cache is None:
+                self._median_cache = median(values)
+            usual = self._median_cache
         slow = usual is not None and t > c.factor * usual
         self._count = self._count + 1 if slow else 0
         if not slow:
@@ -648,10 +782,19 @@ class CyclicLR(Detector):
         self._seen = 0
         self._rose = False
 
+    def inputs(self) -> tuple[str, ...]:
+        return ("learning_rate", "loss")
+
     def update(self, record: Mapping[str, Any], warmup: bool = False) -> list[Finding]:
+        if warmup:
+            return []
         c: CyclicLRConfig = self.config  # type: ignore[assignment]
-        lr, loss = number(record, "learning_rate"), number(record, "loss")
-        if lr is None or loss is None or not math.isfinite(loss) or warmup:
+        lr, loss = record.get("learning_rate"), record.get("loss")
+        if type(lr) is not float:
+            lr = number(record, "learning_rate")
+        if type(loss) is not float:
+            loss = number(record, "loss")
+        if lr is None or loss is None or not math.isfinite(loss):
             return []
         if self._lr and lr > self._lr[-1]:
             self._rose = True

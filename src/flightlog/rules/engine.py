@@ -10,14 +10,17 @@ without its condition). Alerts go out as ``alert`` records through the writer's
 
 from __future__ import annotations
 
+import math
+from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
 from flightlog.protocol import ALERT, EVENT, METRICS, parse_timestamp
 from flightlog.rules.config import RulesConfig
-from flightlog.rules.detectors import DETECTORS, Detector, Finding, number
+from flightlog.rules.detectors import DETECTORS, Detector, Finding, ValueDetector, number
 from flightlog.rules.stall import StallWatch
 
 Record = dict[str, Any]
+_fromisoformat = datetime.fromisoformat
 
 
 class WarmupTracker:
@@ -36,7 +39,7 @@ class WarmupTracker:
         stage = record.get("stage")
         if isinstance(stage, str):
             self._has_stage = True
-            self.active = stage.lower() == "warmup"
+            self.active = stage == "warmup" or stage.lower() == "warmup"
             return self.active
         step = record.get("step")
         by_step = type(step) is int and step <= self.warmup_steps
@@ -60,6 +63,8 @@ class RateLimiter:
         self.suppressed = 0
 
     def admit(self, findings: Iterable[Finding], tick: int) -> list[Finding]:
+        if not findings and not self._last_seen:
+            return []  # the common case: nothing found, nothing armed
         out = []
         for f in findings:
             key = f.key or f.rule
@@ -89,6 +94,34 @@ def finding_to_record(finding: Finding, source: Mapping[str, Any] | None = None)
     return record
 
 
+def _compile(plan: list[tuple[str | None, Any]]) -> Callable[[Mapping[str, Any], bool, list[Finding]], None]:
+    """``run(record, warmup, found)`` for a plan: the loop below, unrolled.
+
+        for field, run in plan:
+            if field is None: found += run(record, warmup)
+            else: x = the finite number at record[field], or skip; for feed in run: found += feed(x, record, warmup)
+    """
+    names: dict[str, Any] = {"number": number, "isfinite": math.isfinite}
+    lines = ["def run(record, warmup, found):"]
+    for i, (field, target) in enumerate(plan):
+        if field is None:
+            names[f"u{i}"] = target
+            lines += [f"    r = u{i}(record, warmup)", "    if r:", "        found.extend(r)"]
+            continue
+        lines += [f"    x = record.get({field!r})",
+                  "    if type(x) is not float or x - x != 0.0:",
+                  f"        x = number(record, {field!r})",
+                  "        if x is not None and not isfinite(x):",
+                  "            x = None",
+                  "    if x is not None:"]
+        for j, feed in enumerate(target):
+            names[f"f{i}_{j}"] = feed
+            lines += [f"        r = f{i}_{j}(x, record, warmup)", "        if r:", "            found.extend(r)"]
+    lines.append("    return None")
+    exec("\n".join(lines), names)  # noqa: S102 - our own source: names and repr() of field names only
+    return names["run"]  # type: ignore[no-any-return]
+
+
 class RulesEngine:
     """Processor ``record -> record``; findings leave through ``emit`` and ``on_alert``."""
 
@@ -114,18 +147,56 @@ class RulesEngine:
         self.watch = watch
         self.ticks = 0
         self.alerts = 0
+        self._plans: dict[tuple[str, ...], Callable[[Mapping[str, Any], bool, list[Finding]], None]] = {}
+
+    def _plan(self, record: Mapping[str, Any]) -> Callable[[Mapping[str, Any], bool, list[Finding]], None]:
+        """What to run for a record with these keys, decided once per key set (a run logs few
+        distinct ones): only detectors that can see something in it, in their order, and
+        for a row of detectors of the same single metric, the value read and checked once.
+        The plan is compiled to one function with a call per detector: a loop over bound
+        methods costs about as much again as the cheap detectors themselves."""
+        keys = tuple(record)
+        if len(self._plans) >= 256:
+            self._plans.clear()  # a run with ever-changing keys: keep the cache bounded
+        present = set(keys)
+        plan: list[tuple[str | None, Any]] = []
+        for d in self.detectors:
+            inputs = d.inputs()
+            if inputs is not None and present.isdisjoint(inputs):
+                continue
+            if isinstance(d, ValueDetector) and type(d).update is ValueDetector.update:
+                field = d.config.field  # type: ignore[attr-defined]
+                if plan and plan[-1][0] == field:
+                    plan[-1][1].append(d.feed)
+                else:
+                    plan.append((field, [d.feed]))
+            else:
+                plan.append((None, d.update))
+        run = _compile(plan)
+        self._plans[keys] = run
+        return run
 
     def evaluate(self, record: Mapping[str, Any]) -> list[Finding]:
         """Run every detector on one metrics record; returns the findings that pass rate limiting."""
-        was_warmup = self.warmup.active
-        warmup = self.warmup.update(record)
+        tracker = self.warmup
+        was_warmup = tracker.active
+        stage = record.get("stage")
+        if stage == "train" or stage == "warmup":  # what WarmupTracker.update does for these two
+            tracker._has_stage = True
+            warmup = tracker.active = stage == "warmup"
+        else:
+            warmup = tracker.update(record)
         if was_warmup and not warmup:
             for d in self.detectors:
                 d.on_warmup_end()
         self.ticks += 1
+        run = self._plans.get(tuple(record))
+        if run is None:
+            run = self._plan(record)
         found: list[Finding] = []
-        for d in self.detectors:
-            found.extend(d.update(record, warmup))
+        run(record, warmup, found)
+        if not found and not self.limiter._last_seen:
+            return found  # nothing found, nothing armed: admit() would return [] too
         return self.limiter.admit(found, self.ticks)
 
     def __call__(self, record: Record) -> Record:
@@ -133,18 +204,30 @@ class RulesEngine:
         if kind == METRICS:
             if self.watch is not None:
                 self._observe(record)
-            for finding in self.evaluate(record):
-                self.publish(finding_to_record(finding, record))
+            found = self.evaluate(record)
+            if found:
+                for finding in found:
+                    self.publish(finding_to_record(finding, record))
         elif kind == ALERT and self.on_alert is not None:
             self.on_alert(record)  # an alert made by user code: notify it too
         return record
 
     def _observe(self, record: Mapping[str, Any]) -> None:
         step = record.get("step")
+        last = self.watch._last_step  # type: ignore[union-attr]
+        if type(step) is int and last is not None and step <= last:
+            return  # no progress: observe() would ignore it; skip parsing the timestamp
+        text = record.get("timestamp")
         try:
-            t = parse_timestamp(record["timestamp"])
-        except (KeyError, TypeError, ValueError):
-            return
+            # Python >= 3.11 reads a trailing "Z" itself: parse_timestamp's replace() is not needed
+            t = _fromisoformat(text).timestamp() if type(text) is str else None
+        except ValueError:
+            t = None
+        if t is None:
+            try:
+                t = parse_timestamp(record["timestamp"])
+            except (KeyError, TypeError, ValueError):
+                return
         note = self.watch.observe(step if type(step) is int else None, t)  # type: ignore[union-attr]
         if note is not None:
             self.publish(finding_to_record(note, record))

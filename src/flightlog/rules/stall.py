@@ -20,32 +20,45 @@ from flightlog.rules.detectors import Finding
 
 
 class StallWatch:
-    """Remembers when the last steps arrived; says when the silence is too long."""
+    """Remembers when the last steps arrived; says when the silence is too long.
+
+    ``observe`` runs for every record on the writer thread, ``check`` on the timer
+    thread, without a lock: each attribute has one writer. ``observe`` owns the step
+    times and counts the steps it saw (``_steps``); ``check`` owns ``_alerted_at``, the
+    count at which it reported a stall (so "already reported" ends with the next step).
+    The one race left is a stall reported just as the step that ends it arrives: the
+    alert stands and that step carries no recovery note.
+    """
 
     def __init__(self, config: StallConfig | None = None) -> None:
         self.config = config or StallConfig()
         self._intervals: deque[float] = deque(maxlen=self.config.window)
         self._last_time: float | None = None
         self._last_step: int | None = None
-        self._alerted = False
+        self._steps = 0
+        self._alerted_at = -1
         self._longest = 0.0
-        self._lock = threading.Lock()
 
     def observe(self, step: int | None, t: float) -> Finding | None:
         """A new step arrived at time ``t``; returns a recovery note if a stall had been reported."""
-        with self._lock:
-            if self._last_step is not None and step is not None and step <= self._last_step:
-                return None  # same step again (eval record) or a resume: no progress
-            recovered = None
-            if self._alerted and self._last_time is not None:
-                gap = t - self._last_time
+        last_step = self._last_step
+        if last_step is not None and step is not None and step <= last_step:
+            return None  # same step again (eval record) or a resume: no progress
+        last = self._last_time
+        recovered = None
+        if last is not None:
+            if self._alerted_at == self._steps:
+                gap = t - last
                 recovered = Finding("stall", "info", f"training resumed at step {step} after {gap:.0f}s without a step",
                                     step, gap, None, "", "stall:recovered")
-            elif self._last_time is not None and t > self._last_time:
-                self._intervals.append(t - self._last_time)
-                self._longest = max(self._longest, t - self._last_time)
-            self._last_time, self._last_step, self._alerted = t, step, False
-            return recovered
+            elif t > last:
+                gap = t - last
+                self._intervals.append(gap)
+                if gap > self._longest:
+                    self._longest = gap
+        self._last_time, self._last_step = t, step
+        self._steps += 1
+        return recovered
 
     def limit(self) -> float | None:
         """Seconds of silence that count as a stall (None until enough steps were seen)."""
@@ -56,23 +69,24 @@ class StallWatch:
 
     def check(self, now: float) -> Finding | None:
         """A stall finding if the last step is older than the limit (once per stall)."""
-        with self._lock:
-            if self._alerted or self._last_time is None:
-                return None
-            limit = self.limit()
-            if limit is None:
-                return None
-            silent = now - self._last_time
-            if silent <= limit:
-                return None
-            self._alerted = True
-            usual = median(self._intervals)
-            return Finding(
-                "stall", self.config.severity,
-                f"no new step for {silent:.0f}s after step {self._last_step} "
-                f"(usually {usual:.3g}s between steps; limit {limit:.0f}s)",
-                self._last_step, round(silent, 3), round(limit, 3), advice_for("stall").action, "stall",
-            )
+        steps = self._steps
+        last_time, last_step = self._last_time, self._last_step
+        if self._alerted_at == steps or last_time is None:
+            return None
+        limit = self.limit()
+        if limit is None:
+            return None
+        silent = now - last_time
+        if silent <= limit:
+            return None
+        self._alerted_at = steps
+        usual = median(self._intervals)
+        return Finding(
+            "stall", self.config.severity,
+            f"no new step for {silent:.0f}s after step {last_step} "
+            f"(usually {usual:.3g}s between steps; limit {limit:.0f}s)",
+            last_step, round(silent, 3), round(limit, 3), advice_for("stall").action, "stall",
+        )
 
 
 class StallTimer:

@@ -9,6 +9,9 @@ middle of the file.
 Compressed mode writes gzip segments ``train.NNNNN.jsonl.gz``, rotated by size. Each
 flush ends with a zlib sync-flush, so a reader can decompress everything flushed so far
 while the run is still live.
+
+Plain mode also keeps a columnar copy (``train.cols/``, :mod:`flightlog.sinks.columnar`,
+config ``columnar``) so that loading a big run needs no JSON parsing.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class JsonlSink(BaseSink):
         compress: bool = False,
         segment_bytes: int = 64 * 1024 * 1024,
         filename: str = STREAM_FILE,
+        columnar: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -64,6 +68,11 @@ class JsonlSink(BaseSink):
         self._segment_bytes_written = 0
         self._dirty = False
         self._open()
+        self._sidecar: Any = None
+        if columnar and not compress and filename == STREAM_FILE:
+            from flightlog.sinks.columnar import ColumnarSidecar
+
+            self._sidecar = ColumnarSidecar(self.directory, self._good_offset + len(self._pending))
 
     # ------------------------------------------------------------------ files
     @property
@@ -103,12 +112,18 @@ class JsonlSink(BaseSink):
     # ------------------------------------------------------------------ sink API
     def write(self, batch: list[Record]) -> None:
         dumps, option = orjson.dumps, ENCODE_OPTIONS
-        data = b"".join([dumps(r, option=option) for r in batch])
+        lines = [dumps(r, option=option) for r in batch]
+        data = b"".join(lines)
         if self.compress:
             data = self._compressor.compress(data)
         self._pending += data
         self._dirty = True
         self._write_pending()
+        if self._sidecar is not None:
+            try:
+                self._sidecar.add(batch, lines, data, self._good_offset)
+            except Exception:  # the stream is written; a sidecar problem must not fail it
+                self._sidecar.broken = True
         if self.compress and self._segment_bytes_written >= self.segment_bytes:
             self._pending += self._compressor.flush(zlib.Z_SYNC_FLUSH)
             self._rotate()
@@ -168,10 +183,19 @@ class JsonlSink(BaseSink):
             self._write_pending()
             if self.fsync_policy in ("flush", "finish"):
                 os.fsync(self._fd)
+            if self._sidecar is not None:  # after the fsync: the stream is durable first
+                if self._pending:
+                    self._sidecar.broken = True  # the stream is short of what it was given
+                try:
+                    self._sidecar.close()
+                except Exception:
+                    pass
         finally:
             os.close(self._fd)
             self._fd = -1
 
 
 def from_config(config: Any, run_dir: Path) -> JsonlSink:
-    return JsonlSink(run_dir, fsync=config.fsync, compress=config.compress, segment_bytes=config.segment_bytes)
+    return JsonlSink(
+        run_dir, fsync=config.fsync, compress=config.compress, segment_bytes=config.segment_bytes, columnar=getattr(config, "columnar", True)
+    )

@@ -1,5 +1,10 @@
-"""The fast path from a stream file to a DataFrame: vectorised line handling, Arrow's
-multi-threaded JSON parser, and a columnar cache for streams that were read before.
+"""The fast path from a stream file to a DataFrame (what ``flightlog.load`` uses): the
+writer's columnar sidecar, else vectorised JSON parsing, else a columnar cache.
+
+``train.jsonl`` written with ``columnar=True`` (the default) has Arrow chunks in
+``train.cols/`` (:mod:`flightlog.sinks.columnar`); the chunks whose edge hashes match
+the file are read as they are and only the bytes no chunk covers are parsed as JSON, so
+even the first load of a big run parses almost no JSON.
 
 :func:`flightlog.store.reader.load_polars` walks the lines in Python to sort them by
 type; here that happens inside Polars: the file is read as one string column, the
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
-from flightlog.protocol import RECORD_TYPES, RUN_START, decode, superseded_after
+from flightlog.protocol import RECORD_TYPES, RUN_START, STREAM_FILE, decode, superseded_after
 
 if TYPE_CHECKING:
     import pandas
@@ -45,6 +50,7 @@ Parsed = tuple[dict[str, "polars.DataFrame"], list[dict[str, Any]], int]
 
 
 fallbacks = 0  # loads handed to the line-by-line reader (tests and benchmarks read it)
+sidecar_files = 0  # stream files read from the writer's columnar sidecar (likewise)
 
 
 class _Fallback(Exception):
@@ -56,6 +62,7 @@ def load_polars(
     types: Iterable[str] | str | None = ("metrics",),
     include_superseded: bool = False,
     cache: bool = True,
+    sidecar: bool = True,
 ) -> "polars.DataFrame":
     """Same rows as :func:`flightlog.store.reader.load_polars`, faster; ``types=None`` for all.
 
@@ -74,7 +81,7 @@ def load_polars(
     segment, offset = 0, 0
     try:
         for path in files:
-            by_type, starts, segment = _file_frames(path, segment, cache, wanted)
+            by_type, starts, segment = _file_frames(path, segment, cache, wanted, sidecar)
             run_starts += starts
             rows = 0
             for kind in wanted:
@@ -107,11 +114,15 @@ def load(path_or_run: Any, types: Iterable[str] | str | None = ("metrics",), inc
 
 
 # ---------------------------------------------------------------------- one file
-def _file_frames(path: Path, segment: int, cache: bool, wanted: list[str]) -> Parsed:
+def _file_frames(path: Path, segment: int, cache: bool, wanted: list[str], sidecar: bool = True) -> Parsed:
     """The records of one stream file by type. Cached files hold every type (one cache
     serves every query); others parse only the ``wanted`` ones."""
     from flightlog.store import reader
 
+    if sidecar and path.suffix != ".gz" and path.name == STREAM_FILE:
+        written = _from_sidecar(path, segment, wanted)
+        if written is not None:
+            return written
     if cache and path.suffix != ".gz":
         try:
             size = path.stat().st_size
@@ -247,6 +258,90 @@ def _parse_group(lines: "polars.DataFrame") -> "polars.DataFrame":
     if "timestamp" in frame.columns and frame.schema["timestamp"] == pl.String:
         frame = frame.with_columns(pl.col("timestamp").str.to_datetime(_TS_FORMAT, time_zone="UTC", strict=False))
     return frame
+
+
+# ---------------------------------------------------------------------- sidecar
+def _from_sidecar(path: Path, segment: int, wanted: list[str]) -> Parsed | None:
+    """The file's records from the writer's Arrow chunks (:mod:`flightlog.sinks.columnar`),
+    with the bytes no chunk covers (the live tail, a crashed process's last records)
+    parsed from the JSONL. None when there are no chunks or they do not match the file."""
+    import polars as pl
+
+    from flightlog.sinks.columnar import EDGE_BYTES, FORMAT, MANIFEST, SIDECAR_DIR, chunk_file, edge_hash
+
+    folder = path.parent / SIDECAR_DIR
+    try:
+        manifest = (folder / MANIFEST).read_bytes()
+        size = path.stat().st_size
+    except OSError:
+        return None
+    chunks = []
+    for line in manifest.split(b"\n"):
+        try:
+            chunk = orjson.loads(line)
+            if chunk["format"] == FORMAT and 0 <= chunk["start"] < chunk["end"] <= size:
+                chunks.append(chunk)
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            continue  # a torn last manifest line (a crash mid-append), or another format
+    chunks.sort(key=lambda c: c["start"])
+    valid, pos = [], 0
+    with open(path, "rb") as fh:
+        for chunk in chunks:
+            start, end = chunk["start"], chunk["end"]
+            if start < pos:
+                continue  # overlaps a chunk already taken: left over from an earlier file
+            fh.seek(start)
+            head = fh.read(min(EDGE_BYTES, end - start))
+            fh.seek(max(start, end - EDGE_BYTES))
+            tail = fh.read(end - max(start, end - EDGE_BYTES))
+            if edge_hash(head) == chunk["head"] and edge_hash(tail) == chunk["tail"]:
+                valid.append(chunk)
+                pos = end
+    covered = sum(c["end"] - c["start"] for c in valid)
+    if covered < size // 2:
+        return None  # mostly JSON anyway: the cache or a parse serves it as well
+    frames: dict[str, list[Any]] = {}
+    starts: list[dict[str, Any]] = []
+    rows, pos = 0, 0
+
+    def add(by_type: dict[str, Any], count: int) -> None:
+        nonlocal rows
+        for kind, frame in by_type.items():
+            if frame.height:
+                frames.setdefault(kind, []).append(frame.with_columns(pl.col("_row") + rows) if rows else frame)
+        rows += count
+
+    def gap(begin: int, end: int) -> None:
+        nonlocal segment, starts
+        with open(path, "rb") as fh:
+            fh.seek(begin)
+            data = fh.read(end - begin)
+        by_type, more, segment = _parse(data, segment, path, wanted)
+        starts += more
+        add(by_type, data.count(b"\n") + 1)
+
+    try:
+        for chunk in valid:
+            if chunk["start"] > pos:
+                gap(pos, chunk["start"])
+            if chunk["segment_in"] is not None and chunk["segment_in"] != segment:
+                return None
+            by_type = {k: pl.read_ipc(folder / chunk_file(chunk["start"], k)) for k in chunk["types"] if k in wanted}
+            add(by_type, int(chunk["rows"]))
+            starts += chunk["run_starts"]
+            segment = int(chunk["segment_out"])
+            pos = chunk["end"]
+    except (OSError, pl.exceptions.PolarsError):
+        return None  # a chunk file missing or damaged: parse the JSONL instead
+    if pos < size:
+        gap(pos, size)
+    by_kind = {}
+    for kind, parts in frames.items():
+        frame = pl.concat(parts, how="diagonal_relaxed") if len(parts) > 1 else parts[0]
+        by_kind[kind] = frame.select([c for c in frame.columns if frame.get_column(c).null_count() < frame.height])
+    global sidecar_files
+    sidecar_files += 1
+    return by_kind, starts, segment
 
 
 # ---------------------------------------------------------------------- cache

@@ -4,8 +4,9 @@ Two paths share one file scan:
 
 * :func:`read_records` yields plain dicts (non-finite numbers restored), for tools
   that walk records one by one (doctor, importers, tail).
-* :func:`load_polars` / :func:`load` build a DataFrame with Polars' multi-threaded
-  NDJSON reader. Our writer puts ``type`` first on every line, so lines are sorted by
+* :func:`load_polars` builds a DataFrame with Polars' multi-threaded NDJSON reader; it
+  is the careful reference that :mod:`flightlog.store.fastload` falls back to, and
+  :func:`load` (``flightlog.load``) goes through the fast loader. Our writer puts ``type`` first on every line, so lines are sorted by
   type with a byte-prefix check and only the rare ``run_start`` lines are decoded in
   Python (to find segments and resumes).
 
@@ -342,13 +343,10 @@ def load(
     Accepts a :class:`flightlog.Run`, a run's log directory, its output directory
     (``OUTPUT_DIR/logs`` is found), or one stream file. Non-finite numbers come back as
     floats, torn last lines are skipped with a :class:`StreamWarning`, and records
-    superseded by a resumed segment are hidden.
+    superseded by a resumed segment are hidden. Rows are in file order; columns null in
+    every row are left out. Read through :mod:`flightlog.store.fastload` (the writer's
+    columnar sidecar where there is one), which hands anything unusual to :func:`load_polars`.
     """
-    if isinstance(types, str):
-        types = (types,)
-    if types is None:
-        from flightlog.protocol import RECORD_TYPES
+    from flightlog.store import fastload
 
-        types = sorted(RECORD_TYPES)
-    frame = load_polars(path_or_run, types=types, include_superseded=include_superseded)
-    return frame.to_pandas()
+    return fastload.load_polars(path_or_run, types=types, include_superseded=include_superseded).to_pandas()
