@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from flightlog.store.reader import restore_numeric
+
 SIDECAR_DIR = "train.cols"
 MANIFEST = "chunks.jsonl"
 CHUNK_RECORDS = 65_536
@@ -277,19 +279,3 @@ class ColumnarSidecar:
 
 def chunk_file(start: int, kind: str) -> str:
     return f"{start:015d}.{kind}.arrow"
-
-
-def restore_numeric(frame: Any) -> Any:
-    """Columns that mix numbers and "NaN"/"Infinity" strings come back as Float64 (the
-    same rule the JSONL reader applies, so both paths give the same columns)."""
-    import polars as pl
-
-    casts = []
-    for name, dtype in frame.schema.items():
-        if dtype != pl.String or name in ("type", "timestamp", "run_id"):
-            continue
-        column = frame.get_column(name)
-        as_float = column.cast(pl.Float64, strict=False)
-        if as_float.null_count() == column.null_count() and column.null_count() < len(column):
-            casts.append(as_float.alias(name))
-    return frame.with_columns(casts) if casts else frame

@@ -234,7 +234,7 @@ def _parse_group(lines: "polars.DataFrame") -> "polars.DataFrame":
     import polars as pl
     import pyarrow.json as pj
 
-    from flightlog.store.reader import _restore_numeric
+    from flightlog.store.reader import restore_numeric
 
     plain = lines.filter(~pl.col("_odd"))
     rare = lines.filter(pl.col("_odd"))
@@ -245,7 +245,7 @@ def _parse_group(lines: "polars.DataFrame") -> "polars.DataFrame":
             frame = pl.from_arrow(pj.read_json(io.BytesIO(text), read_options=pj.ReadOptions(block_size=4 << 20)))
         except Exception:  # a field that is a number here and text there: Polars' inference copes
             try:
-                frame = _restore_numeric(pl.read_ndjson(io.BytesIO(text), infer_schema_length=None))
+                frame = restore_numeric(pl.read_ndjson(io.BytesIO(text), infer_schema_length=None))
             except Exception as exc:
                 raise _Fallback from exc
         if not isinstance(frame, pl.DataFrame) or frame.height != plain.height:

@@ -315,10 +315,10 @@ def _frame_from_lines(lines: list[bytes], segments: list[int], report: ScanRepor
         frame = pl.read_ndjson(io.BytesIO(b"\n".join(good)), infer_schema_length=None) if good else pl.DataFrame()
         segments = good_segments
     frame = frame.with_columns(pl.Series("segment", segments, dtype=pl.Int64))
-    return _restore_numeric(frame)
+    return restore_numeric(frame)
 
 
-def _restore_numeric(frame: "polars.DataFrame") -> "polars.DataFrame":
+def restore_numeric(frame: "polars.DataFrame") -> "polars.DataFrame":
     """Columns that mix numbers and "NaN"/"Infinity" strings come back as Float64."""
     import polars as pl
 
