@@ -88,20 +88,29 @@ def nonfinite_to_str(value: float) -> str:
 
 
 class _TimestampFormatter:
-    """ISO-8601 UTC with milliseconds, cached per second (strftime is slow)."""
+    """ISO-8601 UTC with milliseconds, the date part cached per second (strftime is slow)
+    and the whole string per millisecond (records logged in a burst share it)."""
 
-    __slots__ = ("_second", "_prefix")
+    __slots__ = ("_second", "_prefix", "_ms", "_text")
 
     def __init__(self) -> None:
         self._second = -1
         self._prefix = ""
+        self._ms = -1
+        self._text = ""
 
     def __call__(self, t: float) -> str:
         second = int(t)
-        if second != self._second:
+        ms = int((t - second) * 1000)
+        if second == self._second:
+            if ms == self._ms:
+                return self._text
+        else:
             self._second = second
             self._prefix = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        return f"{self._prefix}.{int((t - second) * 1000):03d}Z"
+        self._ms = ms
+        self._text = text = f"{self._prefix}.{ms:03d}Z"
+        return text
 
 
 format_timestamp = _TimestampFormatter()

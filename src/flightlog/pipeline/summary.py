@@ -26,25 +26,45 @@ class SummaryTracker:
         self._goals: dict[str, int] = {}
 
     def observe(self, record: dict[str, Any]) -> None:
-        self.metrics_records += 1
-        step = record.get("step")
-        if step is not None:
-            self.last_step = step
-        self.last.update(record)
-        if not self._seen.issuperset(record):
-            new = record.keys() - self._seen
-            self._seen.update(new)
-            for key in new:
-                if goal := metric_goal(key):
-                    self._goals[key] = goal
+        self.observe_batch([record])
+
+    def observe_batch(self, records: list[dict[str, Any]]) -> None:
+        """Take a batch of metrics records in order; per record only C-level dict/set calls.
+
+        The best value of each goal metric is found with list comprehensions and ``min``/
+        ``max`` over the batch; ties keep the earliest step, as one-by-one observing would.
+        """
+        if not records:
+            return
+        self.metrics_records += len(records)
+        update, seen = self.last.update, self._seen
+        for record in records:
+            update(record)
+            if not seen.issuperset(record):
+                self._learn(record)
+        for record in reversed(records):
+            step = record.get("step")
+            if step is not None:
+                self.last_step = step
+                break
         best = self.best
         for key, goal in self._goals.items():
-            value = record.get(key)
-            if type(value) in (int, float) and value == value:
-                old = best.get(key)
-                if old is None or (value < old if goal < 0 else value > old):
-                    best[key] = value
-                    self.best_step[key] = step
+            values = [record.get(key) for record in records]
+            numbers = [v for v in values if (type(v) is float or type(v) is int) and v == v]
+            if not numbers:
+                continue
+            candidate = min(numbers) if goal < 0 else max(numbers)
+            old = best.get(key)
+            if old is None or (candidate < old if goal < 0 else candidate > old):
+                best[key] = candidate
+                self.best_step[key] = records[values.index(candidate)].get("step")
+
+    def _learn(self, record: dict[str, Any]) -> None:
+        new = record.keys() - self._seen
+        self._seen.update(new)
+        for key in new:
+            if goal := metric_goal(key):
+                self._goals[key] = goal
 
     def summary(self) -> dict[str, Any]:
         return {

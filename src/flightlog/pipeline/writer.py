@@ -164,7 +164,7 @@ class Writer:
         fmt = format_timestamp
         out: list[Record] = []
         problems: list[str] = []
-        observe = self.summary.observe
+        observed: list[Record] = []  # metrics records for the summary, in order
         plain_chain = not self.processors and not self.observers
         numbers = _NUMBER_TYPES
         for kind, t, step, epoch, fields in items:
@@ -182,20 +182,23 @@ class Writer:
                 record["epoch"] = epoch
             record.update(fields)
             if kind == METRICS and not has_text and plain_chain:
-                observe(record)  # the common case: numbers only, nothing to redact
+                observed.append(record)  # the common case: numbers only, nothing to redact
                 out.append(record)
             else:
                 kept = self._stages(record, has_text or kind != METRICS)
                 if kept is not None:
                     out.append(kept)
+                    if kept.get("type") == METRICS:
+                        observed.append(kept)
             if self._emitted:
                 out.extend(self._take_emitted())
         if self._emitted:
             out.extend(self._take_emitted())
+        self.summary.observe_batch(observed)
         return out
 
     def _stages(self, record: Record, may_hold_text: bool, emitted: bool = False) -> Record | None:
-        """Processors, redaction (only where there is text to redact), observers, summary."""
+        """Processors, redaction (only where there is text to redact), observers."""
         processors = self.processors
         if processors:
             record = self._apply(record, processors)  # type: ignore[assignment]
@@ -208,8 +211,6 @@ class Writer:
             record = self._apply(record, self.observers)  # type: ignore[assignment]
             if record is None:
                 return None
-        if record.get("type") == METRICS and not emitted:
-            self.summary.observe(record)
         return record
 
     def _values_rejected(self, problems: list[str]) -> None:
