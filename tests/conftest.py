@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,9 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def _flightlog_home(tmp_path_factory, monkeypatch):
-    """Every test's runs go to a temporary run index, never the user's ~/.flightlog."""
-    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path_factory.getbasetemp() / "flightlog-home"))
+def home(tmp_path, monkeypatch):
+    """Every test starts without FLIGHTLOG_* variables and with its own run index
+    (FLIGHTLOG_HOME in tmp), never the user's ~/.flightlog."""
+    for name in list(os.environ):
+        if name.startswith("FLIGHTLOG_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
 
 
 @pytest.fixture
@@ -29,10 +35,6 @@ def make_run(tmp_path, console, monkeypatch):
     import flightlog
     from flightlog.sinks.console import ConsoleSink
 
-    for name in list(__import__("os").environ):
-        if name.startswith("FLIGHTLOG_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "flightlog-home"))  # the run index stays in tmp
     runs = []
 
     def factory(**options):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 
 import polars as pl
 import pytest
@@ -16,13 +15,9 @@ from flightlog.store import fastload, reader
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("FLIGHTLOG_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(fastload, "CACHE_MIN_BYTES", 1)  # cache every stream, however small
-    return tmp_path / "home"
+def small_cache(home, monkeypatch):
+    """Cache every stream, however small (FLIGHTLOG_HOME comes from conftest's ``home``)."""
+    monkeypatch.setattr(fastload, "CACHE_MIN_BYTES", 1)
 
 
 def metric(step, segment_time=0, **fields):

@@ -26,15 +26,6 @@ from flightlog.store.where import WhereError, parse
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("FLIGHTLOG_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def lora_run(root: Path, rank: int, alpha: int, steps: int = 30, task: str = "sft", **extra) -> flightlog.Run:
     """A finished run like the seeds' LoRA A/B experiments: better accuracy with a larger rank."""
     run = flightlog.init(

@@ -22,15 +22,6 @@ from flightlog.protocol import decode
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("FLIGHTLOG_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FLIGHTLOG_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def lora_run(root: Path, rank: int, alpha: int, steps: int = 40, **options) -> flightlog.Run:
     """The seeds' LoRA A/B experiment: accuracy grows with the rank."""
     options.setdefault("sinks", ["jsonl"])

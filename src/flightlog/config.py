@@ -283,21 +283,27 @@ def _parse_env(key: str, text: str, env_name: str) -> Any:
         ) from None
 
 
-def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The flightlog section of a YAML file (a top-level ``flightlog:`` key, or the whole file)."""
+def load_yaml_mapping(path: str | os.PathLike[str], what: str, section: str | None = None) -> dict[str, Any]:
+    """A YAML file's mapping (its ``section`` key when present); errors name ``what`` and the path."""
     import yaml
 
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh) or {}
     except OSError as exc:
-        raise ConfigError(f"flightlog config: cannot read config_file {str(path)!r}: {exc.strerror}") from None
+        raise ConfigError(f"flightlog config: cannot read {what} {str(path)!r}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"flightlog config: config_file {str(path)!r} is not valid YAML: {exc}") from None
-    if isinstance(data, dict) and isinstance(data.get("flightlog"), dict):
-        data = data["flightlog"]
+        raise ConfigError(f"flightlog config: {what} {str(path)!r} is not valid YAML: {exc}") from None
+    if section and isinstance(data, dict) and isinstance(data.get(section), dict):
+        data = data[section]
     if not isinstance(data, dict):
-        raise ConfigError(f"flightlog config: config_file {str(path)!r} must hold a mapping of keys")
+        raise ConfigError(f"flightlog config: {what} {str(path)!r} must hold a mapping of keys")
+    return data
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The flightlog section of a YAML file (a top-level ``flightlog:`` key, or the whole file)."""
+    data = load_yaml_mapping(path, "config_file", section="flightlog")
     return data
 
 

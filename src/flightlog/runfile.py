@@ -42,6 +42,21 @@ def read_run_file(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this host (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().split(b")")[-1].split()[0] != b"Z"
+    except OSError:
+        return True
+
+
 def effective_status(meta: dict[str, Any], now: float | None = None) -> str:
     """``crashed`` for a run that says ``running`` but stopped beating; else its status."""
     status = str(meta.get("status", "unknown"))

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import orjson
 
+from flightlog.runfile import pid_alive
+
 MANIFEST = "flightlog_manifest.json"
 FORMAT = "flightlog-checkpoint"
 FORMAT_VERSION = 1
@@ -203,18 +205,8 @@ def sweep_leftovers(output_dir: str | os.PathLike[str]) -> list[Path]:
         if not path.is_dir() or not path.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
             continue
         pid_text = path.name.rsplit("-", 1)[-1]
-        if pid_text.isdigit() and _alive(int(pid_text)) and int(pid_text) != os.getpid():
+        if pid_text.isdigit() and pid_alive(int(pid_text)) and int(pid_text) != os.getpid():
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from flightlog.config import ConfigError
+from flightlog.config import ConfigError, load_yaml_mapping
 from flightlog.rules.detectors import DETECTORS, SEVERITIES, DetectorConfig
 
 ON_CRITICAL = ("continue", "stop")
@@ -156,17 +156,6 @@ def load(spec: Any) -> RulesConfig:
     if isinstance(spec, Mapping):
         return from_mapping(spec)
     if isinstance(spec, (str, os.PathLike)):
-        import yaml
-
         path = os.fspath(spec)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh) or {}
-        except OSError as exc:
-            raise ConfigError(f"flightlog config: cannot read rules file {path!r}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"flightlog config: rules file {path!r} is not valid YAML: {exc}") from None
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"flightlog config: rules file {path!r} must hold a mapping of rule settings")
-        return from_mapping(data, source=f"{path}: rules")
+        return from_mapping(load_yaml_mapping(path, "rules file"), source=f"{path}: rules")
     raise _fail("rules", spec, "true, false, a path to a YAML file or a mapping")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from flightlog.runfile import pid_alive
 from flightlog.store.importers import Detected, detect_formats
 from flightlog.watch.feed import ProcessorFactory, RunFeeder
 
@@ -28,20 +29,6 @@ class WatchResult:
     source: Detected | None
     metrics: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is gone for our purposes
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().split(b")")[-1].split()[0] != b"Z"
-    except OSError:
-        return True
 
 
 def choose(output_dir: Path, fmt: str | None, exclude: Iterable[Path]) -> Detected | None:
