@@ -87,29 +87,32 @@ def nonfinite_to_str(value: float) -> str:
     return "NaN" if value != value else _NONFINITE_TO_STR[value]
 
 
-class _TimestampFormatter:
-    """ISO-8601 UTC with milliseconds, the date part cached per second (strftime is slow)
-    and the whole string per millisecond (records logged in a burst share it)."""
+class _TimestampFormatter(dict):
+    """ISO-8601 UTC with milliseconds, cached per millisecond (records logged in a burst
+    share one string) with the date part cached per second (strftime is slow).
 
-    __slots__ = ("_second", "_prefix", "_ms", "_text")
+    The cache is the dict itself, keyed by whole milliseconds since the epoch, so the
+    writer can format a whole batch with C-level ``map(format_timestamp.__getitem__, ms)``.
+    """
+
+    __slots__ = ("_second",)
 
     def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
-        self._ms = -1
-        self._text = ""
+        super().__init__()
+        self._second: tuple[int, str] = (-1, "")  # one attribute: threads never see half an update
 
     def __call__(self, t: float) -> str:
-        second = int(t)
-        ms = int((t - second) * 1000)
-        if second == self._second:
-            if ms == self._ms:
-                return self._text
-        else:
-            self._second = second
-            self._prefix = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        self._ms = ms
-        self._text = text = f"{self._prefix}.{ms:03d}Z"
+        return self[int(t * 1000)]
+
+    def __missing__(self, key: int) -> str:
+        second, ms = divmod(key, 1000)
+        cached, prefix = self._second
+        if second != cached:
+            prefix = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+            self._second = (second, prefix)
+        if len(self) >= 4096:
+            self.clear()
+        text = self[key] = f"{prefix}.{ms:03d}Z"
         return text
 
 

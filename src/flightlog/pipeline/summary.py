@@ -6,10 +6,14 @@ run ended without anyone re-reading the stream.
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import chain, repeat
 from typing import Any
 
 from flightlog.protocol import metric_goal
 
+_flatten = chain.from_iterable
+_NUMBERS = frozenset({float, int})  # (bool is no measurement to rank)
 _SKIP = frozenset({"type", "timestamp", "run_id", "step", "epoch"})
 
 
@@ -29,41 +33,53 @@ class SummaryTracker:
         self.observe_batch([record])
 
     def observe_batch(self, records: list[dict[str, Any]]) -> None:
-        """Take a batch of metrics records in order; per record only C-level dict/set calls.
+        """Take a batch of metrics records in order, with C-level passes over the batch.
 
-        The best value of each goal metric is found with list comprehensions and ``min``/
-        ``max`` over the batch; ties keep the earliest step, as one-by-one observing would.
+        When the last record holds every key of the batch (the usual case: the same
+        metrics each step) the last values are that record; the best value of each goal
+        metric is ``min``/``max`` over the batch, ties keeping the earliest step, as
+        one-by-one observing would.
         """
         if not records:
             return
         self.metrics_records += len(records)
-        update, seen = self.last.update, self._seen
-        for record in records:
-            update(record)
-            if not seen.issuperset(record):
-                self._learn(record)
-        for record in reversed(records):
-            step = record.get("step")
-            if step is not None:
-                self.last_step = step
-                break
+        keys = set(_flatten(records))
+        if not self._seen.issuperset(keys):
+            self._learn(keys)
+        final = records[-1]
+        if len(final) == len(keys):
+            self.last.update(final)
+        else:
+            deque(map(self.last.update, records), maxlen=0)
+        step = final.get("step")
+        if step is None:
+            steps = [record.get("step") for record in records if record.get("step") is not None]
+            step = steps[-1] if steps else None
+        if step is not None:
+            self.last_step = step
         best = self.best
         for key, goal in self._goals.items():
-            values = [record.get(key) for record in records]
-            numbers = [v for v in values if (type(v) is float or type(v) is int) and v == v]
-            if not numbers:
+            if key not in keys:
                 continue
-            candidate = min(numbers) if goal < 0 else max(numbers)
+            values = list(map(dict.get, records, repeat(key)))
+            if _NUMBERS.issuperset(map(type, values)) and (total := sum(values)) == total:  # no NaN
+                candidate = min(values) if goal < 0 else max(values)
+                at = values.index(candidate)
+            else:  # skip what is not a measurement: missing, text, bools, NaN
+                numbers = [(v, i) for i, v in enumerate(values) if (type(v) is float or type(v) is int) and v == v]
+                if not numbers:
+                    continue
+                candidate, at = min(numbers) if goal < 0 else max(numbers, key=lambda pair: (pair[0], -pair[1]))
             old = best.get(key)
             if old is None or (candidate < old if goal < 0 else candidate > old):
                 best[key] = candidate
-                self.best_step[key] = records[values.index(candidate)].get("step")
+                self.best_step[key] = records[at].get("step")
 
-    def _learn(self, record: dict[str, Any]) -> None:
-        new = record.keys() - self._seen
+    def _learn(self, keys: set[str]) -> None:
+        new = keys - self._seen
         self._seen.update(new)
         for key in new:
-            if goal := metric_goal(key):
+            if type(key) is str and (goal := metric_goal(key)):  # (a non-string key is written as text, ranked never)
                 self._goals[key] = goal
 
     def summary(self) -> dict[str, Any]:
