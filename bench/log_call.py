@@ -6,8 +6,9 @@
 Each tool is timed in this one process, one after the other: ~500 warm-up calls, then
 ``--calls`` calls each timed with perf_counter_ns, gc disabled during the timed loop;
 the fast tools repeat the timed loop 3 times and report the median.
-Prints p50/p99 per call, then flightlog's writer throughput and the time from
-``finish()`` until every record is durable. See docs/benchmarks.md.
+Prints p50/p99 per call, then flightlog's writer throughput (alone, from a filled
+queue, and with this thread logging at full speed) and the time from ``finish()``
+until every record is durable. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -183,6 +184,35 @@ def writer_throughput(tmp: Path, n: int = 300_000, **options) -> tuple[float, fl
     return n / (drained - start), durable
 
 
+def writer_capacity(tmp: Path, n: int = 300_000, **options) -> tuple[float, float]:
+    """Records/s the writer finishes on its own: the queue is filled first (the writer
+    thread parked on an event nobody sets), then this thread runs the writer's drain.
+    Returns (records per second of wall time, µs of this thread's CPU per record)."""
+    import threading
+
+    import flightlog
+
+    out = tmp / f"cap-{len(list(tmp.glob('cap-*')))}"
+    run = flightlog.init(output_dir=out, sinks=["jsonl"], install_signal_handlers=False, queue_size=n + 10, flush_interval=60.0, **options)
+    run.flush()
+    time.sleep(0.2)
+    wake = run.queue.wake
+    run.queue.wake = threading.Event()
+    try:
+        for i, p in enumerate(record(i) for i in range(n)):
+            run.log(p, step=i + 1)
+        gc.collect()
+        start, cpu = time.perf_counter(), time.thread_time()
+        run.writer._drain()
+        run.writer._flush_sinks()
+        wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    finally:
+        run.queue.wake = wake
+        wake.set()
+        run.finish()
+    return n / wall, cpu / n * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000)
@@ -204,10 +234,14 @@ def main() -> None:
                 continue
             print(f"{label:48} {calls:>7} {p50:>9.2f} {p99:>9.2f}  {version or ''}", flush=True)
         print()
-        print(f"{'flightlog writer, 300,000 records of 8 scalars':48} {'records/s':>12} {'finish->durable':>16}")
+        print("flightlog writer, 300,000 records of 8 scalars:")
+        print("  alone = the queue filled first, then drained by the writer alone (its capacity);")
+        print("  with producer = while this thread logs them as fast as it can (one GIL for both).")
+        print(f"{'':48} {'alone rec/s':>12} {'CPU µs/rec':>11} {'with producer':>14} {'finish->durable':>16}")
         for label, options in WRITER_SETUPS.items():
+            capacity, cpu = writer_capacity(tmp, **options)
             rate, durable = writer_throughput(tmp, **options)
-            print(f"{label:48} {rate:>12,.0f} {durable * 1000:>13.1f} ms", flush=True)
+            print(f"{label:48} {capacity:>12,.0f} {cpu:>11.2f} {rate:>14,.0f} {durable * 1000:>13.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -71,3 +71,16 @@ class TestSupersession:
     def test_segment_without_resume_only_appends(self):
         """A later segment that names no resume step supersedes nothing."""
         assert protocol.superseded_after([{"segment": 0}, {"segment": 1}]) == {0: math.inf, 1: math.inf}
+
+
+def test_timestamps_match_strftime_everywhere():
+    """The per-minute and per-millisecond caches give what strftime gives, for any time."""
+    import random
+    from datetime import datetime, timezone
+
+    rng = random.Random(11)
+    times = [rng.uniform(0, 4e9) for _ in range(20_000)] + [59.9995, 60.0, 3599.999, 86_400.0]
+    for t in times:
+        ms = int(t * 1000)
+        expected = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+        assert protocol.format_timestamp(t) == expected, t

@@ -12,12 +12,13 @@ import pytest
 
 from flightlog.pipeline.queue import RecordQueue
 from flightlog.pipeline.writer import Writer
-from flightlog.protocol import EVENT, METRICS
+from flightlog.protocol import ALERT, EVENT, METRICS
+from flightlog.redact import MASK, Redactor
 from flightlog.sinks.jsonl import JsonlSink
 
 
-def writer(tmp_path=None, sinks=()):
-    return Writer(RecordQueue(100), list(sinks), run_id="r1")
+def writer(sinks=(), redactor=None, observers=()):
+    return Writer(RecordQueue(100), list(sinks), run_id="r1", redactor=redactor, observers=observers)
 
 
 def item(step, fields, epoch=None, kind=METRICS, t=1_765_432_100.0):
@@ -40,7 +41,7 @@ def test_whole_chunk_path_equals_record_by_record(with_epoch):
     rng = random.Random(3)
     for _ in range(50):
         chunk = numeric_chunk(rng, rng.randint(1, 64), with_epoch)
-        fast = writer()._finish_numbers([(k, t, s, e, dict(f)) for k, t, s, e, f in chunk])
+        fast = writer()._finish_chunk([(k, t, s, e, dict(f)) for k, t, s, e, f in chunk])
         slow = writer()._finish_each([(k, t, s, e, dict(f)) for k, t, s, e, f in chunk])
         assert fast is not None
         assert fast == slow
@@ -48,27 +49,29 @@ def test_whole_chunk_path_equals_record_by_record(with_epoch):
 
 
 @pytest.mark.parametrize(
-    "odd_item",
+    "odd_item, whole_chunk",
     [
-        item(5, {"loss": math.nan}),
-        item(5, {"loss": math.inf}),
-        item(5, {"loss": "high"}),
-        item(5, {"loss": None}),
-        item(5, {"loss": [1.0, 2.0]}),
-        item(5, {"loss": 1.0}, epoch=0.5),  # mixed: some records with an epoch, some without
-        item(5, {"loss": 1.0}, epoch=math.nan),
-        item(5, {"message": "hello"}, kind=EVENT),
+        (item(5, {"loss": math.nan}), True),  # resolved to the protocol's "NaN" first
+        (item(5, {"loss": -math.inf}), True),
+        (item(5, {"loss": [1.0, 2.0]}), False),
+        (item(5, {"loss": {"a": 1.0}}), False),
+        (item(5, {"loss": 1.0}, epoch=math.nan), False),
+        (item(5, {"message": "hello"}, kind=EVENT), False),
     ],
 )
-def test_chunks_it_cannot_take_go_record_by_record(odd_item):
+def test_odd_chunks_come_out_as_record_by_record(odd_item, whole_chunk):
     chunk = [item(1, {"loss": 1.0}), odd_item, item(9, {"loss": 0.5})]
-    if odd_item[3] is not None and not math.isnan(odd_item[3]):
-        chunk = [item(1, {"loss": 1.0}), odd_item]  # an epoch on one record only
-    assert writer()._finish_numbers(chunk) is None
-    records = writer()._finish(chunk)
-    assert len(records) == len(chunk)
+    assert (writer()._finish_chunk(copy(chunk)) is not None) == whole_chunk
+    records = writer()._finish(copy(chunk))
+    assert records == writer()._finish_each(copy(chunk))
     for record in records:
-        json.loads(orjson.dumps(record))  # finished into strict JSON all the same
+        json.loads(orjson.dumps(record))  # strict JSON
+
+
+def test_an_epoch_on_some_records_only_goes_record_by_record():
+    chunk = [item(1, {"loss": 1.0}), item(2, {"loss": 1.0}, epoch=0.5)]
+    assert writer()._finish_chunk(copy(chunk)) is None
+    assert writer()._finish(copy(chunk)) == writer()._finish_each(copy(chunk))
 
 
 def test_whole_chunk_through_the_jsonl_sink(tmp_path):
@@ -95,3 +98,131 @@ def test_summary_sees_the_whole_chunk():
     assert summary["last_step"] == 64
     assert summary["best"]["loss"] == {"value": 1.0 / 64, "step": 64}
     assert summary["metrics_records"] == 64
+
+
+def text_chunk(rng: random.Random, n: int):
+    out = []
+    for step in range(1, n + 1):
+        fields = {"loss": rng.random(), "stage": "warmup" if step < n // 2 else "stable", "precision": "bf16"}
+        if rng.random() < 0.3:
+            fields["grad_norm"] = None
+        out.append(item(step, fields, epoch=step / 10))
+    return out
+
+
+def copy(chunk):
+    return [(k, t, s, e, dict(f)) for k, t, s, e, f in chunk]
+
+
+def test_flightlogs_own_strings_take_the_whole_chunk_path():
+    """stage/precision strings and None values (what the collectors log) need no record-by-
+    record pass: the redactor never scans those fields."""
+    chunk = text_chunk(random.Random(1), 64)
+    fast = writer(redactor=Redactor())._finish_chunk(copy(chunk))
+    assert fast is not None
+    assert fast == writer(redactor=Redactor())._finish_each(copy(chunk))
+
+
+@pytest.mark.parametrize(
+    "fields, redactor",
+    [
+        ({"loss": 1.0, "note": "key sk-abcdefghijklmnopqrstuvwx"}, Redactor()),  # a field the redactor scans
+        ({"loss": 1.0, "api_token": "short"}, Redactor()),  # a secret key name
+        ({"loss": 1.0, "stage": "train", "user": 7}, Redactor(hash_fields=["user"])),  # a field to hash
+    ],
+)
+def test_text_the_redactor_may_change_goes_record_by_record(fields, redactor):
+    chunk = [item(1, {"loss": 2.0, "stage": "train"}), item(2, fields)]
+    assert writer(redactor=redactor)._finish_chunk(copy(chunk)) is None
+    records = writer(redactor=redactor)._finish(copy(chunk))
+    assert records[0] == writer(redactor=redactor)._finish_each(copy(chunk))[0]
+    second = records[1]
+    assert "sk-abcdefghijklmnopqrstuvwx" not in json.dumps(second)
+    if "api_token" in fields:
+        assert second["api_token"] == MASK
+    if "user" in fields:
+        assert str(second["user"]).startswith("sha256:")
+
+
+def test_observers_see_each_record_and_their_records_follow_it():
+    """An observer (the rules engine) sees every record of a whole chunk, in order, and
+    what it emits lands right after the record that caused it, as record by record."""
+
+    def run(method):
+        seen = []
+        w = writer(redactor=Redactor())
+
+        def observer(record):
+            seen.append(record["step"])
+            if record["loss"] > 0.9:
+                w.emit({"type": ALERT, "rule": "loss_high", "step": record["step"]})
+            return record
+
+        w.observers = [observer]
+        out = getattr(w, method)(copy(text_chunk(random.Random(2), 64)))
+        return seen, [(r["type"], r.get("step")) for r in out], w.summary.summary()
+
+    fast, slow = run("_finish_chunk"), run("_finish_each")
+    assert fast[0] == list(range(1, 65))
+    assert any(kind == ALERT for kind, _ in fast[1])
+    assert fast == slow
+
+
+def test_tensors_are_resolved_and_the_chunk_stays_whole():
+    torch = pytest.importorskip("torch")
+
+    def chunk():
+        return [item(s, {"loss": torch.tensor(1.0 / s), "grad_norm": torch.tensor(2.0), "stage": "stable"}) for s in range(1, 33)]
+
+    from flightlog.values import snapshot
+
+    snapped = [(k, t, s, e, snapshot(f)) for k, t, s, e, f in chunk()]  # what Run.log enqueues
+    fast = writer(redactor=Redactor())._finish_chunk(snapped)
+    assert fast is not None
+    assert fast[0]["loss"] == 1.0 and type(fast[0]["grad_norm"]) is float
+    slow = writer(redactor=Redactor())._finish_each([(k, t, s, e, snapshot(f)) for k, t, s, e, f in chunk()])
+    assert fast == slow
+
+
+def adds_cpu(record):
+    record.setdefault("cpu_percent", 12.5)
+    return record
+
+
+def adds_secret(record):
+    if record.get("step") == 3:
+        record["note"] = "token sk-abcdefghijklmnopqrstuvwx leaked"
+    return record
+
+
+def drops_odd(record):
+    return None if record.get("step", 0) % 2 else record
+
+
+def raises_on_five(record):
+    if record.get("step") == 5:
+        raise RuntimeError("boom")
+    return record
+
+
+@pytest.mark.parametrize("processors", [[adds_cpu], [adds_secret], [drops_odd, adds_cpu], [raises_on_five, adds_cpu]])
+def test_processors_in_the_whole_chunk_path(processors):
+    """Processors see each record; what they add is redacted when it needs to be; records
+    they drop are gone; a failing one is reported right after its record."""
+
+    def run(method):
+        w = writer(redactor=Redactor())
+        w.processors = list(processors)
+        out = getattr(w, method)(copy(text_chunk(random.Random(4), 12)))
+        for record in out:
+            if record["type"] == EVENT:
+                record.pop("timestamp")  # made when reported
+        return out, w.summary.summary()
+
+    fast, slow = run("_finish_chunk"), run("_finish_each")
+    assert fast == slow
+    text = json.dumps(fast[0])
+    assert "sk-abcdefghijklmnopqrstuvwx" not in text
+    if processors == [raises_on_five, adds_cpu]:
+        kinds = [(r["type"], r.get("step")) for r in fast[0]]
+        assert kinds[5] == (EVENT, None) and kinds[4] == (METRICS, 5)

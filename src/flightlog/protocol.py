@@ -11,7 +11,8 @@ import math
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any, Final
+from itertools import repeat
+from typing import Any, Final, Iterable
 
 import orjson
 
@@ -48,6 +49,11 @@ SEED_METRICS: Final = (
     "precision",
 )
 EVAL_PREFIX: Final = "eval_"
+
+
+def has_eval_metrics(keys: Iterable[Any]) -> bool:
+    """Whether any key is an evaluation metric (``eval_...``); C-level over the keys."""
+    return any(map(str.startswith, map(str, keys), repeat(EVAL_PREFIX)))
 
 _LOWER_IS_BETTER = re.compile(r"(loss|perplexity|ppl|error|wer|cer|_time_s$|nll)")
 _HIGHER_IS_BETTER = re.compile(r"(acc|f1|bleu|rouge|mrr|recall|precision|auc|ndcg|map_|reward|exact_match|score)")
@@ -89,30 +95,32 @@ def nonfinite_to_str(value: float) -> str:
 
 class _TimestampFormatter(dict):
     """ISO-8601 UTC with milliseconds, cached per millisecond (records logged in a burst
-    share one string) with the date part cached per second (strftime is slow).
+    share one string) with the date and time up to the minute cached per minute
+    (strftime costs several µs; records a second apart would otherwise pay it each time).
 
     The cache is the dict itself, keyed by whole milliseconds since the epoch, so the
     writer can format a whole batch with C-level ``map(format_timestamp.__getitem__, ms)``.
     """
 
-    __slots__ = ("_second",)
+    __slots__ = ("_minute",)
 
     def __init__(self) -> None:
         super().__init__()
-        self._second: tuple[int, str] = (-1, "")  # one attribute: threads never see half an update
+        self._minute: tuple[int, str] = (-1, "")  # one attribute: threads never see half an update
 
     def __call__(self, t: float) -> str:
         return self[int(t * 1000)]
 
     def __missing__(self, key: int) -> str:
-        second, ms = divmod(key, 1000)
-        cached, prefix = self._second
-        if second != cached:
-            prefix = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-            self._second = (second, prefix)
+        minute, ms = divmod(key, 60_000)
+        cached, prefix = self._minute
+        if minute != cached:
+            prefix = datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%Y-%m-%dT%H:%M:")
+            self._minute = (minute, prefix)
         if len(self) >= 4096:
             self.clear()
-        text = self[key] = f"{prefix}.{ms:03d}Z"
+        second, ms = divmod(ms, 1000)
+        text = self[key] = f"{prefix}{second:02d}.{ms:03d}Z"
         return text
 
 

@@ -114,6 +114,13 @@ class Redactor:
                 del record[key]
         return record
 
+    def leaves_alone(self, text_keys: set[Any], keys: Iterable[Any]) -> bool:
+        """Whether records holding strings only under ``text_keys`` (and any value under
+        ``keys``) pass ``__call__`` unchanged whatever the strings say: flightlog's own
+        fields (``stage``, ``precision``...) are never scanned, and no key is one to drop
+        or hash."""
+        return _OWN_FIELDS.issuperset(text_keys) and (not self._special or self._special.isdisjoint(keys))
+
     def _special_field(self, record: dict[str, Any], key: str, value: Any, doomed: list[str] | None) -> list[str] | None:
         if key in self.drop:
             return (doomed or []) + [key]

@@ -31,7 +31,6 @@ from flightlog.protocol import (
     ALERT,
     CHECKPOINT,
     CHECKPOINT_STATUSES,
-    EVAL_PREFIX,
     EVENT,
     LEVEL_NUMBERS,
     LEVELS,
@@ -41,6 +40,7 @@ from flightlog.protocol import (
     RUN_STATUSES,
     SCHEMA_VERSION,
     format_timestamp,
+    has_eval_metrics,
 )
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
@@ -248,13 +248,13 @@ class Run:
 
     def _keep(self, step: int, epoch: Any, metrics: Mapping[str, Any]) -> bool:
         if step % self._stride:
-            return any(str(k).startswith(EVAL_PREFIX) for k in metrics)
+            return has_eval_metrics(metrics)
         if self._epoch_cap is not None and epoch is not None:
             whole = int(epoch)
             if whole != self._epoch_seen:
                 self._epoch_seen, self._epoch_count = whole, 0
             if self._epoch_count >= self._epoch_cap:
-                return any(str(k).startswith(EVAL_PREFIX) for k in metrics)
+                return has_eval_metrics(metrics)
             self._epoch_count += 1
         return True
 

@@ -1,8 +1,9 @@
 """Gradient norms, total and split between adapter (LoRA) and backbone parameters.
 
-One fused ``torch._foreach_norm`` per group (adapter, backbone) gives the per-parameter
-norms in one launch instead of one per parameter; the group norm is the norm of those,
-and the total is ``hypot(adapter, backbone)``. The results stay tensors: nothing here calls ``.item()``, so the
+One fused ``torch._foreach_norm`` over all gradients gives the per-parameter norms in
+one launch instead of one per parameter; with the adapter parameters ordered first, the
+adapter and backbone norms are the norms of the two ends of that vector, and the total
+is ``hypot(adapter, backbone)``. The results stay tensors: nothing here calls ``.item()``, so the
 training thread never waits for the device; the writer thread reads the numbers.
 """
 
@@ -36,48 +37,51 @@ class GradNorms:
             is_adapter.append(any(p in name for p in adapter_patterns))
         if not params:
             raise ValueError("flightlog: GradNorms got a model without parameters")
-        self.params = params
-        self.is_adapter = is_adapter
+        # Adapter parameters first: one fused norm call over all gradients, then the
+        # adapter and backbone norms are the norms of the two ends of its result.
+        order = sorted(range(len(params)), key=lambda i: not is_adapter[i])
+        self.params = [params[i] for i in order]
+        self.is_adapter = [is_adapter[i] for i in order]
         self.has_adapter = any(is_adapter)
 
     def compute(self) -> dict[str, Any]:
         """The norms as 0-d float32 tensors on the gradients' device (empty dict if no gradient).
 
-        One fused norm call per group (and device); no host data is copied to the device,
-        so this is safe under ``torch.cuda.set_sync_debug_mode("error")``.
+        One fused norm call for all gradients (per device); no host data is copied to the
+        device, so this is safe under ``torch.cuda.set_sync_debug_mode("error")``.
         """
         import torch
 
-        if not self.has_adapter:
-            grads = [p.grad.detach() for p in self.params if p.grad is not None]
-            return {"grad_norm": _group_norm(torch, grads)} if grads else {}
-        adapter: list[Any] = []
-        backbone: list[Any] = []
+        grads: list[Any] = []
+        adapters = 0
         for param, is_adapter in zip(self.params, self.is_adapter):
             grad = param.grad
             if grad is not None:
-                (adapter if is_adapter else backbone).append(grad.detach())
-        if not adapter and not backbone:
+                grads.append(grad)
+                adapters += is_adapter
+        if not grads:
             return {}
-        device = (adapter or backbone)[0].device
-        a = _group_norm(torch, adapter) if adapter else torch.zeros((), dtype=torch.float32, device=device)
-        b = _group_norm(torch, backbone) if backbone else torch.zeros((), dtype=torch.float32, device=device)
-        if a.device != b.device:
-            b = b.to(a.device, non_blocking=True)
-        return {"grad_norm": torch.hypot(a, b), "grad_norm_adapter": a, "grad_norm_backbone": b}
+        with torch.no_grad():
+            norms = _per_tensor_norms(torch, grads)
+            if not self.has_adapter:
+                return {"grad_norm": torch.linalg.vector_norm(norms)}
+            zero = torch.zeros((), dtype=torch.float32, device=norms.device)
+            a = torch.linalg.vector_norm(norms[:adapters]) if adapters else zero
+            b = torch.linalg.vector_norm(norms[adapters:]) if adapters < len(grads) else zero
+            return {"grad_norm": torch.hypot(a, b), "grad_norm_adapter": a, "grad_norm_backbone": b}
 
 
-def _group_norm(torch: Any, grads: list[Any]) -> Any:
-    """L2 norm over a list of gradients: fused per-tensor norms, then the norm of those.
-
-    Gradients on several devices (model parallel) are reduced per device first; the
-    partial norms are gathered on the first gradient's device.
-    """
+def _per_tensor_norms(torch: Any, grads: list[Any]) -> Any:
+    """The L2 norm of each gradient, as one float32 vector on the first gradient's device:
+    fused per device (model parallel spreads them), gathered without a host round trip."""
     first = grads[0].device
     if all(g.device == first for g in grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)))
-    by_device: dict[Any, list[Any]] = {}
-    for g in grads:
-        by_device.setdefault(g.device, []).append(g)
-    parts = [_group_norm(torch, group).to(first, non_blocking=True) for group in by_device.values()]
-    return torch.linalg.vector_norm(torch.stack(parts))
+        return torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+    norms = [None] * len(grads)
+    by_device: dict[Any, list[int]] = {}
+    for i, g in enumerate(grads):
+        by_device.setdefault(g.device, []).append(i)
+    for indexes in by_device.values():
+        for i, norm in zip(indexes, torch._foreach_norm([grads[i] for i in indexes], 2.0, dtype=torch.float32)):
+            norms[i] = norm.to(first, non_blocking=True)
+    return torch.stack(norms)

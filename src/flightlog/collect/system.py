@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from flightlog.protocol import EVAL_PREFIX, METRICS
+from flightlog.protocol import METRICS, has_eval_metrics
 
 MB = 2**20
 
@@ -91,12 +91,16 @@ class SystemStats:
         return out
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        if record.get("type") != METRICS or any(k.startswith(EVAL_PREFIX) for k in record):
+        if record.get("type") != METRICS or has_eval_metrics(record):
             return record
         now = time.monotonic()
         if now - self._last >= self.min_interval_s:
             self._last = now
             self._latest = self.read()
-        for key, value in self._latest.items():
-            record.setdefault(key, value)
+        latest = self._latest
+        if record.keys().isdisjoint(latest):
+            record.update(latest)
+        else:  # the record's own values win
+            for key, value in latest.items():
+                record.setdefault(key, value)
         return record

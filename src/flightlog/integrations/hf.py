@@ -25,7 +25,7 @@ import flightlog
 from flightlog.collect.grads import ADAPTER_PATTERNS
 from flightlog.collect.timing import StepClock
 from flightlog.integrations._context import jsonable, model_info, model_name
-from flightlog.protocol import EVAL_PREFIX
+from flightlog.protocol import EVAL_PREFIX, has_eval_metrics
 
 _clock = time.perf_counter
 
@@ -204,7 +204,7 @@ class FlightlogCallback(TrainerCallback):
             return
         metrics = dict(logs)
         epoch = metrics.pop("epoch", None)
-        if self._active and self.collect and "loss" in metrics and not any(k.startswith(EVAL_PREFIX) for k in metrics):
+        if self._active and self.collect and "loss" in metrics and not has_eval_metrics(metrics):
             for key, value in self._training_extras(metrics, state.global_step).items():
                 metrics.setdefault(key, value)
         run.log(metrics, step=state.global_step, epoch=epoch)

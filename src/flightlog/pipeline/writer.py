@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from itertools import chain
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Any, Callable, Iterable
 
@@ -41,6 +41,26 @@ Item = tuple[str, float, Any, Any, dict[str, Any]]
 _KIND, _TIME, _STEP, _EPOCH, _FIELDS = (itemgetter(i) for i in range(5))
 _TO_MS = (1000.0).__mul__
 _flatten = chain.from_iterable
+_STR = frozenset({str})
+_SCALAR_TYPES = _NUMBER_TYPES | {str, type(None)}
+
+
+def _scalar_text_keys(dicts: list[dict[str, Any]]) -> set[Any] | None:
+    """The keys holding strings, when every value is a finite number, None or a string;
+    else None. C-level passes over all the values at once."""
+    values = list(_flatten(map(dict.values, dicts)))
+    types = list(map(type, values))
+    if _NUMBER_TYPES.issuperset(types):
+        numbers: Any = values
+        text_keys: set[Any] = set()
+    elif _SCALAR_TYPES.issuperset(types):
+        text_keys = set(compress(_flatten(dicts), map(_STR.__contains__, types)))
+        numbers = list(compress(values, map(_NUMBER_TYPES.__contains__, types)))
+    else:
+        return None
+    if (total := sum(numbers)) - total != 0:
+        return None  # NaN or infinity somewhere: written as protocol strings, one by one
+    return text_keys
 
 
 class Writer:
@@ -172,39 +192,93 @@ class Writer:
                 started = clock()
 
     def _finish(self, items: list[Item]) -> list[Record]:
-        if items and not self.processors and not self.observers and not self._emitted:
-            batch = self._finish_numbers(items)
+        if items and not self._emitted:
+            batch = self._finish_chunk(items)
             if batch is not None:
                 return batch
         return self._finish_each(items)
 
-    def _finish_numbers(self, items: list[Item]) -> list[Record] | None:
+    def _finish_chunk(self, items: list[Item]) -> list[Record] | None:
         """The common chunk, finished with C-level passes over the whole chunk: metrics
-        records holding finite numbers only, all with or all without an epoch, and no
-        stage that needs to see them one by one. None when the chunk is not like that."""
-        fields = list(map(_FIELDS, items))
-        values = list(_flatten(map(dict.values, fields)))
-        if not (_NUMBER_TYPES.issuperset(map(type, values)) and (total := sum(values)) - total == 0):
-            return None
+        records, all with or all without an epoch, whose values are (or resolve to) finite
+        numbers, None, and strings the redactor leaves alone (``stage``, ``precision``).
+        None when the chunk is not like that (nothing is changed then, but for tensors
+        already resolved in place); ``_finish_each`` takes it. Processors and observers
+        still see each record; the redactor runs only if a processor added text it reads.
+        """
         n = len(items)
         steps = list(map(_STEP, items))
         epochs = list(map(_EPOCH, items))
         if list(map(_KIND, items)).count(METRICS) != n or steps.count(None):
             return None
+        without_epoch = epochs.count(None)
+        if without_epoch != n and (
+            without_epoch or not _NUMBER_TYPES.issuperset(map(type, epochs)) or (total := sum(epochs)) - total != 0
+        ):
+            return None
+        fields = list(map(_FIELDS, items))
+        text_keys = _scalar_text_keys(fields)
+        if text_keys is None:  # tensors, numpy numbers...: resolve them in place, then look again
+            problems: list[str] = []
+            for values in fields:
+                resolve_record(values, problems)
+            if problems:
+                self._values_rejected(problems)
+                return None  # record by record, so the report follows its record
+            text_keys = _scalar_text_keys(fields)
+            if text_keys is None:
+                return None
+        redactor = self.redactor
+        if text_keys and redactor is not None and not redactor.leaves_alone(text_keys, _flatten(fields)):
+            return None
         stamps = map(format_timestamp.__getitem__, map(int, map(_TO_MS, map(_TIME, items))))
         run_id = self.run_id
-        without_epoch = epochs.count(None)
-        if without_epoch == n:
+        if without_epoch:
             records = [{"type": METRICS, "timestamp": ts, "run_id": run_id, "step": step, **f} for ts, step, f in zip(stamps, steps, fields)]
-        elif without_epoch == 0 and _NUMBER_TYPES.issuperset(map(type, epochs)) and (total := sum(epochs)) - total == 0:
+        else:
             records = [
                 {"type": METRICS, "timestamp": ts, "run_id": run_id, "step": step, "epoch": epoch, **f}
                 for ts, step, epoch, f in zip(stamps, steps, epochs, fields)
             ]
-        else:
-            return None
-        self.summary.observe_batch(records)
-        return records
+        if not self.processors and not self.observers:
+            self.summary.observe_batch(records)
+            return records
+        return self._stages_each(records)
+
+    def _stages_each(self, records: list[Record]) -> list[Record]:
+        """Processors, then (if they added text it reads) the redactor, then observers, per
+        record; what the stages emit lands right after its record, as in ``_finish_each``."""
+        after: dict[int, list[Record]] = {}
+        if self.processors:
+            kept: list[Record] = []
+            for record in records:
+                result = self._apply(record, self.processors)
+                if result is not None:
+                    kept.append(result)
+                if self._emitted:
+                    after.setdefault(len(kept) - 1, []).extend(self._take_emitted())
+            records = kept
+            redactor = self.redactor
+            if redactor is not None:
+                text_keys = _scalar_text_keys(records)
+                if text_keys is None or not redactor.leaves_alone(text_keys, _flatten(records)):
+                    for record in records:
+                        redactor(record)
+        out: list[Record] = list(after.get(-1, ()))
+        observed: list[Record] = []
+        observers = self.observers
+        for i, record in enumerate(records):
+            result = self._apply(record, observers) if observers else record
+            if result is not None:
+                out.append(result)
+                if result.get("type") == METRICS:
+                    observed.append(result)
+            if i in after:
+                out.extend(after[i])
+            if self._emitted:
+                out.extend(self._take_emitted())
+        self.summary.observe_batch(observed)
+        return out
 
     def _finish_each(self, items: list[Item]) -> list[Record]:
         run_id = self.run_id
