@@ -106,6 +106,7 @@ def one_run(pairs: int, block: int, control: bool, components: bool = False, wit
     second = block_off if control else block_on
     for _ in range(3):  # warm-up: allocator, autograd caches, writer thread
         block_off(), second()
+    run.flush()  # the writer's first-record work (rule plans, first psutil read) is warm-up too
     ratios, cpu_ratios, off_total, on_total, off_cpu = [], [], 0.0, 0.0, 0.0
     writer_start = time.clock_gettime(writer_clock)
     for i in range(pairs):
