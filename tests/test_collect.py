@@ -278,3 +278,23 @@ def test_collectors_never_sync_on_cuda(tmp_path: Path) -> None:
         assert r["grad_norm"] == pytest.approx(r["grad_norm_adapter"], rel=1e-5)
     summaries = [e for e in records(run, "event") if e.get("kind") == "memory_summary"]
     assert [e["step"] for e in summaries] == [20, 40, 60] and "PyTorch CUDA memory summary" in summaries[0]["message"]
+
+
+def test_system_stats_sampled_at_most_every_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records between samples get the latest sample; a record's own value wins."""
+    stats = SystemStats(tmp_path, nvml=False, min_interval_s=5.0)
+    reads = []
+    real_read = stats.read
+    monkeypatch.setattr(stats, "read", lambda: reads.append(1) or real_read())
+    clock = [100.0]
+    monkeypatch.setattr("flightlog.collect.system.time.monotonic", lambda: clock[0])
+    first = stats({"type": "metrics", "loss": 1.0})
+    clock[0] += 4.9
+    second = stats({"type": "metrics", "loss": 0.9, "cpu_percent": -1.0})
+    assert len(reads) == 1
+    assert second["cpu_percent"] == -1.0 and second["ram_used_mb"] == first["ram_used_mb"]
+    clock[0] += 0.2
+    stats({"type": "metrics", "loss": 0.8})
+    assert len(reads) == 2
+    with pytest.raises(ValueError, match="system_interval_s"):
+        Collectors(system_interval_s=-1)

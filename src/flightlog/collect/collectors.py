@@ -27,7 +27,8 @@ class Collectors:
     - ``precision`` and ``grad_scaler_scale`` (``scaler``)
     - GPU memory from torch.cuda (``gpu=True``; skipped without CUDA) and a
       ``torch.cuda.memory_summary()`` event every ``memory_summary_steps`` steps (0: never)
-    - CPU/RAM/disk (psutil) and GPU utilisation/temperature/power (NVML) on the writer thread (``system=True``)
+    - CPU/RAM/disk (psutil) and GPU utilisation/temperature/power (NVML) on the writer thread
+      (``system=True``), sampled every ``system_interval_s`` seconds (default 5)
     """
 
     def __init__(
@@ -43,12 +44,15 @@ class Collectors:
         adapter_patterns: Sequence[str] = ADAPTER_PATTERNS,
         gpu: bool = True,
         system: bool = True,
+        system_interval_s: float = 5.0,
         memory_summary_steps: int = 1000,
     ) -> None:
         if warmup_steps is not None and (type(warmup_steps) is not int or warmup_steps < 0):
             raise ValueError(f"flightlog: Collectors warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         if type(memory_summary_steps) is not int or memory_summary_steps < 0:
             raise ValueError(f"flightlog: Collectors memory_summary_steps must be an integer >= 0 (0 = never), got {memory_summary_steps!r}")
+        if type(system_interval_s) not in (int, float) or not system_interval_s >= 0:
+            raise ValueError(f"flightlog: Collectors system_interval_s must be a number of seconds >= 0, got {system_interval_s!r}")
         if optimizer is not None and not hasattr(optimizer, "param_groups"):
             raise TypeError(f"flightlog: Collectors optimizer must be a torch optimizer, got {type(optimizer).__name__}")
         from flightlog.collect.device import CudaMemory, cuda_available, detect_precision, precision_name
@@ -62,6 +66,7 @@ class Collectors:
         self.memory = CudaMemory() if (gpu and cuda_available()) else None
         self.memory_summary_steps = memory_summary_steps if self.memory is not None else 0
         self.system = system
+        self.system_interval_s = float(system_interval_s)
         self.run: "Run | None" = None
         self._armed = False
         self._pending: dict[str, Any] | None = None
@@ -84,7 +89,7 @@ class Collectors:
         if self.system:
             from flightlog.collect.system import SystemStats
 
-            stats = SystemStats(run.output_dir)
+            stats = SystemStats(run.output_dir, min_interval_s=self.system_interval_s)
             if stats.available:
                 run.add_processor(stats)
 

@@ -53,6 +53,7 @@ class FlightlogCallback(TrainerCallback):
         grad_norms: bool = True,
         gpu: bool = True,
         system: bool = True,
+        system_interval_s: float = 5.0,
         memory_summary_steps: int = 1000,
         adapter_patterns: Sequence[str] = ADAPTER_PATTERNS,
         finish_on_train_end: bool | None = None,
@@ -72,6 +73,7 @@ class FlightlogCallback(TrainerCallback):
         self.grad_norms = grad_norms
         self.gpu = gpu
         self.system = system
+        self.system_interval_s = system_interval_s
         self.memory_summary_steps = memory_summary_steps
         self.adapter_patterns = adapter_patterns
         self.finish_on_train_end = self.owns_run if finish_on_train_end is None else finish_on_train_end
@@ -135,6 +137,7 @@ class FlightlogCallback(TrainerCallback):
                 adapter_patterns=self.adapter_patterns,
                 gpu=self.gpu,
                 system=self.system,
+                system_interval_s=self.system_interval_s,
                 memory_summary_steps=self.memory_summary_steps,
             )
             self.collectors.attach(run)

@@ -159,6 +159,7 @@ class FlightlogCallback(Callback):
         grad_norms: bool = True,
         gpu: bool = True,
         system: bool = True,
+        system_interval_s: float = 5.0,
         memory_summary_steps: int = 1000,
         adapter_patterns: Sequence[str] = ADAPTER_PATTERNS,
         warmup_steps: int | None = None,
@@ -167,7 +168,8 @@ class FlightlogCallback(Callback):
             raise ValueError(f"flightlog: FlightlogCallback batch_size must be an integer >= 1, got {batch_size!r}")
         self.batch_size = batch_size
         self.options = dict(
-            grad_norms=grad_norms, gpu=gpu, system=system, memory_summary_steps=memory_summary_steps,
+            grad_norms=grad_norms, gpu=gpu, system=system, system_interval_s=system_interval_s,
+            memory_summary_steps=memory_summary_steps,
             adapter_patterns=adapter_patterns, warmup_steps=warmup_steps,
         )
         self.collectors: Any = None
