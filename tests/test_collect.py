@@ -17,6 +17,7 @@ from torch import nn
 
 import flightlog
 from flightlog.collect import Collectors, GradNorms, StepTimer, SystemStats, stage, warmup_steps_of
+from flightlog.values import Derived, resolve_record, resolve_value, snapshot
 
 
 def records(run: flightlog.Run, kind: str = "metrics") -> list[dict[str, Any]]:
@@ -44,6 +45,29 @@ def make_run(tmp_path: Path, **kw: Any) -> flightlog.Run:
 
 
 class TestGradNorms:
+    def test_derived_values_resolve_once_and_rescale(self) -> None:
+        """The writer resolves the shared vector once; a rescaled split keeps its proportions."""
+        torch.manual_seed(2)
+        model = nn.Sequential(LoRALinear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        model(torch.randn(4, 8)).pow(2).sum().backward()
+        out = GradNorms(model.named_parameters()).compute()
+        snapped = snapshot(out)  # what Run.log does on the training thread
+        source = snapped["grad_norm"].source
+        assert source.pending is not None and source.values is None  # copy started, nothing read yet
+        record = dict(snapped)
+        assert resolve_record(record, []) is False  # plain numbers afterwards
+        total, adapter, backbone = record["grad_norm"], record["grad_norm_adapter"], record["grad_norm_backbone"]
+        assert total == pytest.approx(math.hypot(adapter, backbone), rel=1e-12)
+        scaled = out["grad_norm_adapter"].scaled_to(out["grad_norm"], 2 * total)
+        assert float(scaled) == pytest.approx(2 * adapter, rel=1e-9)
+        assert float(out["grad_norm_backbone"].scaled_to(out["grad_norm"], 0.0)) == 0.0
+        assert resolve_value(snapshot({"x": scaled})["x"], "x") == pytest.approx(2 * adapter, rel=1e-9)
+        # The same values derived with tensor ops (a distributed reduction on the device).
+        assert float(out["grad_norm"].as_tensor()) == pytest.approx(total, rel=1e-6)
+        assert float(out["grad_norm_backbone"].as_tensor()) == pytest.approx(backbone, rel=1e-6)
+        assert float(scaled.as_tensor()) == pytest.approx(2 * adapter, rel=1e-6)
+        assert float(out["grad_norm_adapter"].scaled_to(out["grad_norm"], 5.0).as_tensor()) == pytest.approx(5.0 * adapter / total, rel=1e-6)
+
     def test_split_matches_reference(self) -> None:
         """Total, adapter and backbone norms equal norms computed parameter by parameter."""
         torch.manual_seed(0)
@@ -53,7 +77,8 @@ class TestGradNorms:
         adapter = [p.grad for n, p in model.named_parameters() if "lora_" in n]
         backbone = [p.grad for n, p in model.named_parameters() if "lora_" not in n and p.grad is not None]
         ref = lambda gs: math.sqrt(sum(float(g.pow(2).sum()) for g in gs))
-        assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in out.values())
+        assert all(type(v) is Derived for v in out.values())  # numbers made on the writer thread
+        assert len({id(v.source) for v in out.values()}) == 1  # from one vector of per-gradient norms
         assert float(out["grad_norm_adapter"]) == pytest.approx(ref(adapter), rel=1e-5)
         assert float(out["grad_norm_backbone"]) == pytest.approx(ref(backbone), rel=1e-5)
         assert float(out["grad_norm"]) == pytest.approx(ref(adapter + backbone), rel=1e-5)

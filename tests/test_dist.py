@@ -195,7 +195,18 @@ def test_one_rank_group_goes_through_the_reduction(tmp_path: Path) -> None:
             run.on_log(lambda m, s: {"gpu_memory_mb": torch.tensor(7.5)})
             run.log({"loss": torch.tensor(1.25), "tokens": 3, "n": np.int64(4), "stage": "warmup", "ok": True}, step=1)
             run.log({"loss": 0.5, "throughput_samples_per_sec": 10}, step=2)  # a different key set: new hash
+            layer = torch.nn.Linear(3, 2)
+            layer(torch.ones(4, 3)).pow(2).sum().backward()
+            from flightlog.collect import GradNorms
+
+            norms = GradNorms(layer.named_parameters()).compute()  # values derived from one vector
+            run.log({"loss": 0.25, **norms}, step=3)
+            expected_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), float("inf")))
         records = metrics_by_step(read(tmp_path / "logs" / "train.jsonl"))
+        assert records[3]["grad_norm"] == pytest.approx(expected_norm, rel=1e-6)
+        from flightlog.dist.reduce import _number
+
+        assert _number(norms["grad_norm"], device_ok=True) == pytest.approx(expected_norm, rel=1e-6)  # reduced, not skipped
         first = records[1]
         assert first["loss"] == 1.25 and first["tokens"] == 3 and first["n"] == 4.0
         assert first["stage"] == "warmup" and first["ok"] is True and first["gpu_memory_mb"] == 7.5

@@ -39,8 +39,90 @@ def _tensor_value(tensor: Any) -> Any:
     return tensor.tolist()
 
 
+class SharedVector:
+    """A tensor several logged values are derived from: snapshotted (one device-to-host
+    copy) and resolved (one read) once, whichever of those values comes first."""
+
+    __slots__ = ("tensor", "pending", "values")
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor  # kept: a distributed reduction may still derive on the device
+        self.pending: Any = None
+        self.values: list[float] | None = None
+
+    def snapshot(self) -> None:
+        if self.pending is None:
+            self.pending = snapshot_value(self.tensor)
+
+    def resolve(self) -> list[float]:
+        if self.values is None:
+            self.snapshot()  # (a value built but never passed through snapshot)
+            value = self.pending.resolve() if type(self.pending) is PendingTensor else self.pending
+            self.values = value if isinstance(value, list) else [value]
+        return self.values
+
+
+class Derived:
+    """A number the writer thread computes from a :class:`SharedVector`: the training
+    thread hands over one vector, and the arithmetic that turns it into metrics (the
+    gradient norms of the adapter and backbone groups) launches no kernels there.
+
+    ``derive`` maps the host values (a list of floats) to the number; its ``on_tensor``
+    does the same with tensor ops on the vector itself, for a distributed reduction that
+    keeps values on the device. ``float()`` resolves on the spot (waiting for the device:
+    not for a training loop).
+    """
+
+    __slots__ = ("source", "derive")
+
+    def __init__(self, source: SharedVector, derive: Any) -> None:
+        self.source = source
+        self.derive = derive
+
+    def value(self) -> float:
+        return float(self.derive(self.source.resolve()))
+
+    def __float__(self) -> float:
+        return self.value()
+
+    def as_tensor(self) -> Any:
+        """The value as a 0-d tensor on the vector's device (no host round trip)."""
+        return self.derive.on_tensor(self.source.tensor)
+
+    def scaled_to(self, total: "Derived", target: float) -> "Derived":
+        """This value times ``target / total`` (0 when ``total`` is 0), e.g. a gradient norm
+        split rescaled to another measurement of the total norm."""
+        return Derived(self.source, _Scaled(self.derive, total.derive, float(target)))
+
+    def __repr__(self) -> str:
+        return f"Derived({self.derive!r})"
+
+
+class _Scaled:
+    __slots__ = ("own", "total", "target")
+
+    def __init__(self, own: Any, total: Any, target: float) -> None:
+        self.own, self.total, self.target = own, total, target
+
+    def __call__(self, values: list[float]) -> float:
+        whole = self.total(values)
+        return self.own(values) * (self.target / whole) if whole > 0 else 0.0
+
+    def on_tensor(self, tensor: Any) -> Any:
+        import torch
+
+        own, whole = self.own.on_tensor(tensor), self.total.on_tensor(tensor)
+        return torch.where(whole > 0, own * (self.target / whole.clamp(min=1e-30)), torch.zeros_like(own))
+
+    def __repr__(self) -> str:
+        return f"{self.own!r} scaled to {self.target:g} / {self.total!r}"
+
+
 def snapshot_value(value: Any) -> Any:
     """Called on the training thread for a non-plain value: capture it without syncing."""
+    if type(value) is Derived:
+        value.source.snapshot()
+        return value
     module = type(value).__module__
     if module.startswith("torch"):
         if value.is_cuda:
@@ -75,6 +157,8 @@ def resolve_value(value: Any, key: str) -> Any:
         return value if value - value == 0.0 else ("NaN" if value != value else ("Infinity" if value > 0 else "-Infinity"))
     if kind in PLAIN_TYPES:
         return value
+    if kind is Derived:
+        return resolve_value(value.value(), key)
     if kind is PendingTensor:
         if value.host.numel() > MAX_ELEMENTS:
             raise UnsupportedValue(

@@ -1,15 +1,19 @@
 """Gradient norms, total and split between adapter (LoRA) and backbone parameters.
 
 One fused ``torch._foreach_norm`` over all gradients gives the per-parameter norms in
-one launch instead of one per parameter; with the adapter parameters ordered first, the
-adapter and backbone norms are the norms of the two ends of that vector, and the total
-is ``hypot(adapter, backbone)``. The results stay tensors: nothing here calls ``.item()``, so the
-training thread never waits for the device; the writer thread reads the numbers.
+one launch instead of one per parameter, stacked into one vector (a second launch). That
+vector is all the training thread makes: with the adapter parameters ordered first, the
+writer thread derives the adapter and backbone norms from the two ends of it and the
+total from all of it (:class:`flightlog.values.Derived`). Nothing here calls ``.item()``,
+so the training thread never waits for the device.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Sequence
+
+from flightlog.values import Derived, SharedVector
 
 # Substrings of parameter names that belong to an adapter (peft LoRA, IA3, VeRA, adapters).
 ADAPTER_PATTERNS: tuple[str, ...] = ("lora_", "ia3_", "vera_", "adapter")
@@ -43,13 +47,16 @@ class GradNorms:
         self.params = [params[i] for i in order]
         self.is_adapter = [is_adapter[i] for i in order]
         self.has_adapter = any(is_adapter)
-        self._zeros: dict[Any, Any] = {}
 
     def compute(self) -> dict[str, Any]:
-        """The norms as 0-d float32 tensors on the gradients' device (empty dict if no gradient).
+        """The norms, as values the writer thread derives from one vector of per-gradient
+        norms (empty dict if no gradient).
 
-        One fused norm call for all gradients (per device); no host data is copied to the
-        device, so this is safe under ``torch.cuda.set_sync_debug_mode("error")``.
+        The training thread launches two kernels (one fused norm over all gradients per
+        device, one stack) and copies nothing to the device, so this is safe under
+        ``torch.cuda.set_sync_debug_mode("error")``; the square roots of the group sums
+        are the writer's arithmetic (float64, on the host). ``float(value)`` reads one
+        on the spot.
         """
         import torch
 
@@ -63,21 +70,36 @@ class GradNorms:
         if not grads:
             return {}
         # (No no_grad() block: gradients do not require grad, so no graph is built; each
-        # dispatch avoided counts at this size, see docs/benchmarks.md.)
-        norms = _per_tensor_norms(torch, grads)
-        vector_norm = torch.linalg.vector_norm
+        # kernel launch avoided counts at this size, see docs/benchmarks.md.)
+        norms = SharedVector(_per_tensor_norms(torch, grads))
+        total = Derived(norms, _Slice(0, None))
         if not self.has_adapter:
-            return {"grad_norm": vector_norm(norms)}
-        a = vector_norm(norms[:adapters]) if adapters else self._zero(torch, norms.device)
-        b = vector_norm(norms[adapters:]) if adapters < len(grads) else self._zero(torch, norms.device)
-        return {"grad_norm": torch.hypot(a, b), "grad_norm_adapter": a, "grad_norm_backbone": b}
+            return {"grad_norm": total}
+        return {
+            "grad_norm": total,
+            "grad_norm_adapter": Derived(norms, _Slice(0, adapters)),
+            "grad_norm_backbone": Derived(norms, _Slice(adapters, None)),
+        }
 
-    def _zero(self, torch: Any, device: Any) -> Any:
-        """A 0-d zero on ``device``, made once (a frozen backbone reads it at every log)."""
-        zero = self._zeros.get(device)
-        if zero is None:
-            zero = self._zeros[device] = torch.zeros((), dtype=torch.float32, device=device)
-        return zero
+
+class _Slice:
+    """The L2 norm of a group: a slice of the per-gradient norms (adapters come first)."""
+
+    __slots__ = ("start", "stop")
+
+    def __init__(self, start: int, stop: int | None) -> None:
+        self.start, self.stop = start, stop
+
+    def __call__(self, values: list[float]) -> float:
+        return math.hypot(*values[self.start : self.stop])
+
+    def on_tensor(self, tensor: Any) -> Any:
+        import torch
+
+        return torch.linalg.vector_norm(tensor[self.start : self.stop])
+
+    def __repr__(self) -> str:
+        return f"norm of per-gradient norms [{self.start}:{self.stop}]"
 
 
 def _per_tensor_norms(torch: Any, grads: list[Any]) -> Any:

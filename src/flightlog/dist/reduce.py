@@ -25,7 +25,7 @@ from typing import Any
 
 from flightlog.dist.comm import Comm
 from flightlog.dist.policy import Policy
-from flightlog.values import PendingTensor
+from flightlog.values import Derived, PendingTensor
 
 SUMMED = ("mean", "sum")
 ROWED = ("max", "min")
@@ -220,6 +220,10 @@ def _number(value: Any, device_ok: bool) -> Any:
         return value.item()  # CPU: no sync; CUDA under gloo: a sync, documented (use NCCL)
     if kind is PendingTensor and value.event is None:
         return _number(value.host, device_ok)
+    if kind is Derived:  # gradient norms: derived on the device under NCCL, else on the host
+        if device_ok and getattr(value.source.tensor, "is_cuda", False):
+            return value.as_tensor()
+        return value.value()
     if isinstance(value, float | int) and not isinstance(value, bool):
         return float(value) if isinstance(value, float) else int(value)
     return None

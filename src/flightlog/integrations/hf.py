@@ -222,12 +222,10 @@ class FlightlogCallback(TrainerCallback):
         ours = collected.get("grad_norm")
         if ours is not None and isinstance(hf_norm, (int, float)) and "grad_norm_adapter" in collected:
             # Our norms were taken after clipping, which scales every gradient alike:
-            # rescale the split to the Trainer's pre-clip grad_norm (tensor ops, no sync).
-            import torch
-
-            scale = torch.where(ours > 0, float(hf_norm) / ours.clamp(min=1e-30), torch.zeros_like(ours))
-            collected["grad_norm_adapter"] = collected["grad_norm_adapter"] * scale
-            collected["grad_norm_backbone"] = collected["grad_norm_backbone"] * scale
+            # rescale the split to the Trainer's pre-clip grad_norm (on the writer thread).
+            target = float(hf_norm)
+            collected["grad_norm_adapter"] = collected["grad_norm_adapter"].scaled_to(ours, target)
+            collected["grad_norm_backbone"] = collected["grad_norm_backbone"].scaled_to(ours, target)
         extras.update(collected)
         return extras
 
