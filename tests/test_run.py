@@ -320,6 +320,21 @@ class TestValuesEndToEnd:
         assert record["small_vec"] == [1.0, 2.0] and record["stage"] == "warmup" and record["note"] is None
         assert record["nested"] == {"a": 1, "b": [1.0, "Infinity"]} and record["inf"] == -math.inf and record["flag"] is True
 
+    def test_cpu_tensor_updated_in_place_after_log_keeps_the_logged_value(self, make_run):
+        """An accumulator zeroed right after logging: the record holds the value at log time."""
+        import torch
+
+        run = make_run()
+        running, window = torch.zeros(()), torch.zeros(3)
+        for step in range(1, 4):
+            running += step
+            window += step
+            run.log({"loss_sum": running, "window": window}, step=step)
+            running.zero_()
+            window.mul_(0)
+        run.finish()
+        assert [(r["loss_sum"], r["window"]) for r in metrics_of(run)] == [(1.0, [1.0] * 3), (2.0, [2.0] * 3), (3.0, [3.0] * 3)]
+
     def test_unsupported_value_rejected_by_key(self, make_run):
         """An unloggable value is dropped with an event naming the key; the rest of the record is kept."""
         import torch

@@ -1,10 +1,12 @@
 """Metric values: a cheap snapshot on the training thread, full resolution on the writer.
 
-On the training thread only two things happen: plain Python values pass through
-untouched, and a CUDA tensor is copied to pinned host memory with
-``non_blocking=True`` plus a CUDA event recorded behind the copy. No ``.item()``, no
-synchronisation. The writer thread later waits on the event (``Event.synchronize``
-releases the GIL) and reads the number.
+On the training thread only this happens: plain Python values pass through
+untouched; a CUDA tensor is copied to pinned host memory with ``non_blocking=True``
+plus a CUDA event recorded behind the copy (no ``.item()``, no synchronisation; the
+writer thread later waits on the event, ``Event.synchronize`` releases the GIL, and
+reads the number); a CPU tensor, which has no device to wait for, is read at once (a
+0-d one with ``.item()``, a small vector copied), so an in-place update after ``log``
+cannot change what was logged.
 """
 
 from __future__ import annotations
@@ -132,8 +134,11 @@ def snapshot_value(value: Any) -> Any:
             event = torch.cuda.Event()
             event.record()
             return PendingTensor(host, event)
-        # A CPU tensor: detach now so later in-place updates of a graph leaf do not matter.
-        return PendingTensor(value.detach(), None)
+        # A CPU tensor: there is no device to wait for, so read it now. A later in-place
+        # update (an accumulator zeroed after logging) must not change what was logged.
+        if value.numel() == 1:
+            return value.item()
+        return PendingTensor(value.detach().clone(), None)
     return value
 
 
