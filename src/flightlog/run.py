@@ -134,6 +134,9 @@ class Run:
 
         from flightlog import context
 
+        # Integrations that write a checkpoint record for every save they see ("hf"), so
+        # that another one watching the same saves does not write it twice.
+        self.save_recorders: set[str] = set()
         self.context = {
             "hardware": context.hardware_info(),
             "code": context.code_version(),

@@ -8,9 +8,10 @@ manifest written last, see :func:`flightlog.checkpoint.atomic.seal`), so a save 
 interrupted is recognised; :meth:`CheckpointCallback.resume_from` gives ``Trainer.train``
 the newest valid one and reports the others. Saves and loads become ``checkpoint``
 records. Composes with ``flightlog.integrations.hf.FlightlogCallback`` (which owns the
-run): pass ``record_saves=False`` then, as that callback records saves itself.
+run and records the saves itself: by default, ``record_saves=None``, this callback then
+leaves them to it; ``True``/``False`` force either way).
 
-    cb = CheckpointCallback(record_saves=False)      # listed after FlightlogCallback
+    cb = CheckpointCallback()                        # listed after FlightlogCallback
     trainer = Trainer(..., callbacks=[FlightlogCallback(), cb])
     trainer.train(resume_from_checkpoint=cb.resume_from(args.output_dir))
 """
@@ -51,7 +52,7 @@ class CheckpointCallback(TrainerCallback):
         self,
         run: Any = None,
         *,
-        record_saves: bool = True,
+        record_saves: bool | None = None,
         record_launch: bool = True,
         resume_arg: str | None = None,
         continuity_steps: int = 10,
@@ -143,7 +144,8 @@ class CheckpointCallback(TrainerCallback):
             return
         manifest = seal(path, state.global_step, {"writer": SEAL_WRITER})
         run = self.run
-        if self.record_saves and run is not None:
+        record = self.record_saves if self.record_saves is not None else "hf" not in getattr(run, "save_recorders", ())
+        if record and run is not None:
             size = sum(f["bytes"] for f in manifest["files"].values())
             seconds = time.monotonic() - self._step_end_time if self._step_end_time is not None else None
             run.checkpoint("saved", path, step=state.global_step, bytes=size, **({"seconds": round(seconds, 4)} if seconds is not None else {}))

@@ -124,6 +124,7 @@ class FlightlogCallback(TrainerCallback):
         if run is None:
             return
         self._active = True
+        run.save_recorders.add("hf")  # on_save writes the checkpoint records (CheckpointCallback then does not)
         if not self.owns_run:
             run.event("Hugging Face Trainer starts", source="flightlog/hf", config=self._context(args, state, model))
         if self.collect:
