@@ -335,6 +335,18 @@ class TestValuesEndToEnd:
         run.finish()
         assert [(r["loss_sum"], r["window"]) for r in metrics_of(run)] == [(1.0, [1.0] * 3), (2.0, [2.0] * 3), (3.0, [3.0] * 3)]
 
+    def test_integer_beyond_64_bits_is_written_as_a_float(self, make_run):
+        """The encoder refuses such integers; the record (and the batch around it) is kept."""
+        run = make_run()
+        run.log({"loss": 1.0}, step=1)
+        run.log({"loss": 0.5, "seed": 2**70, "offset": -(2**64)}, step=2)
+        run.log({"loss": 0.25}, step=3)
+        run.finish()
+        records = metrics_of(run)
+        assert [r["loss"] for r in records] == [1.0, 0.5, 0.25]
+        assert records[1]["seed"] == float(2**70) and records[1]["offset"] == -float(2**64)
+        assert read_run_file(run.log_dir)["status"] == "finished"
+
     def test_unsupported_value_rejected_by_key(self, make_run):
         """An unloggable value is dropped with an event naming the key; the rest of the record is kept."""
         import torch

@@ -137,9 +137,12 @@ def parse_timestamp(text: str) -> float:
 
 
 def make_finite(value: Any) -> Any:
-    """Replace non-finite floats (also nested in dicts and lists) by protocol strings."""
+    """Replace non-finite floats (also nested in dicts and lists) by protocol strings, and
+    integers beyond 64 bits (which the encoder refuses) by floats."""
     if type(value) is float:
         return value if value - value == 0.0 else nonfinite_to_str(value)
+    if type(value) is int:
+        return value if -(2**63) <= value < 2**64 else float(value)
     if isinstance(value, dict):
         return {k: make_finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -156,7 +159,10 @@ def encode(record: dict[str, Any]) -> bytes:
     The caller guarantees non-finite floats were already turned into strings
     (the writer's resolve step does this in the same pass that resolves tensors).
     """
-    return orjson.dumps(record, option=ENCODE_OPTIONS)
+    try:
+        return orjson.dumps(record, option=ENCODE_OPTIONS)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits: written as a float
+        return orjson.dumps(make_finite(record), option=ENCODE_OPTIONS)
 
 
 def dumps(obj: Any) -> bytes:

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from flightlog.protocol import ENCODE_OPTIONS, STREAM_FILE
+from flightlog.protocol import STREAM_FILE, encode
 from flightlog.sinks.base import BaseSink, Record
 
 MAX_PENDING_BYTES = 512 * 1024 * 1024  # what is kept for retry while the disk is full
@@ -117,9 +117,8 @@ class JsonlSink(BaseSink):
         try:
             # Option-free calls straight from map(): the cheapest encoding per record.
             data = b"\n".join(map(orjson.dumps, batch)) + b"\n"
-        except orjson.JSONEncodeError:  # a key that is not a string needs OPT_NON_STR_KEYS
-            dumps, option = orjson.dumps, ENCODE_OPTIONS
-            lines = [dumps(r, option=option) for r in batch]
+        except orjson.JSONEncodeError:  # a key that is not a string, an integer beyond 64 bits
+            lines = [encode(r) for r in batch]
             data = b"".join(lines)
         if self.compress:
             data = self._compressor.compress(data)
