@@ -95,7 +95,7 @@ def one_run(pairs: int, block: int, control: bool, components: bool = False, wit
         t0, c0 = time.perf_counter(), time.thread_time()
         for x, y in timer.data(batches(block)):
             with timer.step() as step:
-                step.log(loss=train_step(x, y).detach())
+                step.log(loss=train_step(x, y))  # no .detach(): read only on logging steps
         return time.perf_counter() - t0, time.thread_time() - c0
 
     writer_clock = time.pthread_getcpuclockid(run.writer._thread.ident)

@@ -54,7 +54,9 @@ class SharedVector:
 
     def snapshot(self) -> None:
         if self.pending is None:
-            self.pending = snapshot_value(self.tensor)
+            tensor = self.tensor
+            # flightlog's own fresh vector: no one updates it in place, so a CPU one needs no copy.
+            self.pending = snapshot_value(tensor) if tensor.is_cuda else PendingTensor(tensor, None)
 
     def resolve(self) -> list[float]:
         if self.values is None:

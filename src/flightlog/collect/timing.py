@@ -8,7 +8,7 @@ describes all N of them, not just the last.
     for batch in timer.data(loader):          # time spent in next() is data-wait time
         with timer.step() as step:            # forward, backward, optimizer step
             loss = ...
-            step.log(loss=loss.detach())      # a record every logging_steps steps
+            step.log(loss=loss)               # a record every logging_steps steps (no .detach() needed)
 """
 
 from __future__ import annotations
@@ -130,26 +130,11 @@ class StepTimer:
     def next_is_logged(self) -> bool:
         return (self.step_count + 1) % self.logging_steps == 0
 
-    def _end(self, elapsed: float, ctx: "_Step") -> None:
-        # Every step pays this, with caches cold after forward/backward/optimizer (about 3x
-        # a warm micro-benchmark): the clock is updated inline, no call, no dict work.
-        data_s = self._data_s
-        self._data_s = 0.0
-        self.step_count += 1
-        clock = self.clock
-        clock.steps += 1
-        clock.step_s += elapsed + data_s
-        clock.data_s += data_s
-        samples, tokens = ctx.samples, ctx.tokens
-        if samples is not None:
-            clock.samples = clock.samples + samples
-        if tokens is not None:
-            clock.tokens = clock.tokens + tokens
-        if not ctx.logged:
-            return
+    def _emit(self, ctx: "_Step") -> None:
+        """A logging step ended: its metrics, the clock's averages and the collectors' values."""
         metrics = ctx.metrics
         ctx.metrics = {}
-        for key, value in clock.take().items():
+        for key, value in self.clock.take().items():
             metrics.setdefault(key, value)
         if self.collectors is not None:
             for key, value in self.collectors.collect(self.step_count).items():
@@ -195,11 +180,28 @@ class _Step:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         elapsed = _clock() - self.t0
-        if exc_type is None:
-            self.timer._end(elapsed, self)
-        else:
+        if exc_type is not None:
             self.metrics.clear()
             self.logged = False
+            return
+        # Every step pays this, with caches cold after forward/backward/optimizer (each
+        # Python call costs several times its warm micro-benchmark): the clock is
+        # updated inline, no call, no dict work; only a logging step calls on.
+        timer = self.timer
+        data_s = timer._data_s
+        timer._data_s = 0.0
+        timer.step_count += 1
+        clock = timer.clock
+        clock.steps += 1
+        clock.step_s += elapsed + data_s
+        clock.data_s += data_s
+        samples, tokens = self.samples, self.tokens
+        if samples is not None:
+            clock.samples = clock.samples + samples
+        if tokens is not None:
+            clock.tokens = clock.tokens + tokens
+        if self.logged:
+            timer._emit(self)
 
 
 class _Waiting:
