@@ -181,7 +181,7 @@ class RulesEngine:
         tracker = self.warmup
         was_warmup = tracker.active
         stage = record.get("stage")
-        if stage == "train" or stage == "warmup":  # what WarmupTracker.update does for these two
+        if stage == "stable" or stage == "warmup" or stage == "train":  # what WarmupTracker.update does for these
             tracker._has_stage = True
             warmup = tracker.active = stage == "warmup"
         else:
