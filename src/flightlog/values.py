@@ -42,8 +42,9 @@ def _tensor_value(tensor: Any) -> Any:
 
 
 class SharedVector:
-    """A tensor several logged values are derived from: snapshotted (one device-to-host
-    copy) and resolved (one read) once, whichever of those values comes first."""
+    """A vector several logged values are derived from: snapshotted (one device-to-host
+    copy) and resolved (one read) once, whichever of those values comes first. It is a
+    tensor, or a list or tuple of 0-d CPU tensors (nothing to copy, so not stacked)."""
 
     __slots__ = ("tensor", "pending", "values")
 
@@ -55,15 +56,31 @@ class SharedVector:
     def snapshot(self) -> None:
         if self.pending is None:
             tensor = self.tensor
-            # flightlog's own fresh vector: no one updates it in place, so a CPU one needs no copy.
-            self.pending = snapshot_value(tensor) if tensor.is_cuda else PendingTensor(tensor, None)
+            # flightlog's own fresh tensors: no one updates them in place, so CPU ones need no copy.
+            if type(tensor) is list or type(tensor) is tuple:
+                self.pending = tensor
+            else:
+                self.pending = snapshot_value(tensor) if tensor.is_cuda else PendingTensor(tensor, None)
 
     def resolve(self) -> list[float]:
         if self.values is None:
             self.snapshot()  # (a value built but never passed through snapshot)
-            value = self.pending.resolve() if type(self.pending) is PendingTensor else self.pending
-            self.values = value if isinstance(value, list) else [value]
+            pending = self.pending
+            if type(pending) is list or type(pending) is tuple:
+                self.values = [t.item() for t in pending]
+            else:
+                value = pending.resolve() if type(pending) is PendingTensor else pending
+                self.values = value if isinstance(value, list) else [value]
         return self.values
+
+    def as_tensor(self) -> Any:
+        """The vector as one tensor on its device."""
+        tensor = self.tensor
+        if type(tensor) is list or type(tensor) is tuple:
+            import torch
+
+            return torch.stack(tensor)
+        return tensor
 
 
 class Derived:
@@ -91,7 +108,7 @@ class Derived:
 
     def as_tensor(self) -> Any:
         """The value as a 0-d tensor on the vector's device (no host round trip)."""
-        return self.derive.on_tensor(self.source.tensor)
+        return self.derive.on_tensor(self.source.as_tensor())
 
     def scaled_to(self, total: "Derived", target: float) -> "Derived":
         """This value times ``target / total`` (0 when ``total`` is 0), e.g. a gradient norm

@@ -103,11 +103,14 @@ class _Slice:
 
 
 def _per_tensor_norms(torch: Any, grads: list[Any]) -> Any:
-    """The L2 norm of each gradient, as one float32 vector on the first gradient's device:
-    fused per device (model parallel spreads them), gathered without a host round trip."""
+    """The L2 norm of each gradient, fused per device (model parallel spreads them): one
+    float32 vector on the first gradient's device, gathered without a host round trip
+    (a device's norms then travel to the host in one copy); on the CPU, where there is no
+    copy to save, the list of 0-d norms as it is (one kernel launch fewer)."""
     first = grads[0].device
     if all(g.device == first for g in grads):
-        return torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+        return norms if first.type == "cpu" else torch.stack(norms)
     norms = [None] * len(grads)
     by_device: dict[Any, list[int]] = {}
     for i, g in enumerate(grads):
