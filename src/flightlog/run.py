@@ -45,7 +45,7 @@ from flightlog.protocol import (
 from flightlog.redact import Redactor
 from flightlog.runfile import RunFile, read_run_file
 from flightlog.sinks import build_sinks
-from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot
+from flightlog.values import PLAIN_TYPES as _PLAIN, snapshot, snapshot_in_place
 
 OnLogHook = Callable[[dict[str, Any], int], Any]
 
@@ -222,7 +222,7 @@ class Run:
                 raise TypeError(f"flightlog: log() takes a dict of metrics, got {type(metrics).__name__}")
         data = dict(metrics)
         if not _PLAIN.issuperset(map(type, data.values())):
-            data = snapshot(data)
+            snapshot_in_place(data)
         if self._hooks:
             self._run_hooks(data, step)
         items = self._items
@@ -266,7 +266,7 @@ class Run:
             try:
                 extra = hook(data, step)
                 if isinstance(extra, Mapping):
-                    data.update(snapshot(dict(extra)))
+                    data.update(snapshot(extra))
             except Exception as exc:
                 name = getattr(hook, "__name__", repr(hook))
                 self.event(f"on_log hook {name} failed: {type(exc).__name__}: {exc}", level="ERROR", source="flightlog/hooks")
@@ -274,7 +274,7 @@ class Run:
     # ------------------------------------------------------------------ other records
     def record(self, type: str, step: int | None = None, epoch: float | None = None, **fields: Any) -> None:
         """Enqueue a record of any protocol type (used by integrations, rules, checkpoints)."""
-        self._put((type, _time(), step, epoch, snapshot(fields) if fields else fields))
+        self._put((type, _time(), step, epoch, snapshot_in_place(fields)))  # (keywords: a private dict)
 
     def event(self, message: str, level: str = "INFO", *, stacklevel: int = 1, **fields: Any) -> None:
         """A system log line with the caller's ``file:line`` (always written, never thinned)."""

@@ -12,7 +12,7 @@ cannot change what was logged.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Collection, Mapping
 
 # Types that need no snapshot and no resolution beyond the non-finite check.
 PLAIN_TYPES = frozenset({float, int, bool, str, type(None)})
@@ -44,7 +44,7 @@ def _tensor_value(tensor: Any) -> Any:
 class SharedVector:
     """A vector several logged values are derived from: snapshotted (one device-to-host
     copy) and resolved (one read) once, whichever of those values comes first. It is a
-    tensor, or a list or tuple of 0-d CPU tensors (nothing to copy, so not stacked)."""
+    tensor, or a tuple/list of 0-d CPU tensors (nothing to copy, so not stacked)."""
 
     __slots__ = ("tensor", "pending", "values")
 
@@ -54,33 +54,31 @@ class SharedVector:
         self.values: list[float] | None = None
 
     def snapshot(self) -> None:
+        # flightlog's own fresh tensors: no one updates them in place, so CPU ones need no copy.
         if self.pending is None:
-            tensor = self.tensor
-            # flightlog's own fresh tensors: no one updates them in place, so CPU ones need no copy.
-            if type(tensor) is list or type(tensor) is tuple:
-                self.pending = tensor
-            else:
-                self.pending = snapshot_value(tensor) if tensor.is_cuda else PendingTensor(tensor, None)
+            source = self.tensor
+            on_device = not isinstance(source, (list, tuple)) and source.is_cuda
+            self.pending = snapshot_value(source) if on_device else source
 
     def resolve(self) -> list[float]:
         if self.values is None:
             self.snapshot()  # (a value built but never passed through snapshot)
             pending = self.pending
-            if type(pending) is list or type(pending) is tuple:
+            if isinstance(pending, (list, tuple)):
                 self.values = [t.item() for t in pending]
-            else:
-                value = pending.resolve() if type(pending) is PendingTensor else pending
+            else:  # a device copy, or a CPU vector (model-parallel norms gathered on a CPU device)
+                value = pending.resolve() if type(pending) is PendingTensor else _tensor_value(pending)
                 self.values = value if isinstance(value, list) else [value]
         return self.values
 
     def as_tensor(self) -> Any:
         """The vector as one tensor on its device."""
-        tensor = self.tensor
-        if type(tensor) is list or type(tensor) is tuple:
+        source = self.tensor
+        if isinstance(source, (list, tuple)):
             import torch
 
-            return torch.stack(tensor)
-        return tensor
+            return torch.stack(source)
+        return source
 
 
 class Derived:
@@ -103,8 +101,7 @@ class Derived:
     def value(self) -> float:
         return float(self.derive(self.source.resolve()))
 
-    def __float__(self) -> float:
-        return self.value()
+    __float__ = value
 
     def as_tensor(self) -> Any:
         """The value as a 0-d tensor on the vector's device (no host round trip)."""
@@ -141,9 +138,6 @@ class _Scaled:
 
 def snapshot_value(value: Any) -> Any:
     """Called on the training thread for a non-plain value: capture it without syncing."""
-    if type(value) is Derived:
-        value.source.snapshot()
-        return value
     module = type(value).__module__
     if module.startswith("torch"):
         if value.is_cuda:
@@ -158,16 +152,22 @@ def snapshot_value(value: Any) -> Any:
         if value.numel() == 1:
             return value.item()
         return PendingTensor(value.detach().clone(), None)
+    if type(value) is Derived:
+        value.source.snapshot()
     return value
 
 
-def snapshot(metrics: dict[str, Any]) -> dict[str, Any]:
+def snapshot(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """A private copy of the user's metrics; device tensors start their host copy."""
-    out = dict(metrics)
-    for key, value in out.items():
+    return snapshot_in_place(dict(metrics))
+
+
+def snapshot_in_place(metrics: dict[str, Any]) -> dict[str, Any]:
+    """:func:`snapshot` of a dict that is already flightlog's own copy (no second copy)."""
+    for key, value in metrics.items():
         if type(value) not in PLAIN_TYPES:
-            out[key] = snapshot_value(value)
-    return out
+            metrics[key] = snapshot_value(value)
+    return metrics
 
 
 class UnsupportedValue(TypeError):
@@ -219,6 +219,15 @@ def resolve_value(value: Any, key: str) -> Any:
 
 
 _NUMBER_TYPES = frozenset({float, int, bool})
+
+
+def finite_numbers(values: Collection[Any]) -> bool:
+    """Whether every value (a list, or a dict's values: read twice) is a finite
+    int/float/bool, with C-level calls only: ``map(type, ...)`` and ``sum``, whose result
+    is finite exactly when every summand is (barring overflow, which answers False)."""
+    return _NUMBER_TYPES.issuperset(map(type, values)) and (total := sum(values)) - total == 0
+
+
 _TEXT_TYPES = (str, dict, list, tuple)
 
 
@@ -226,15 +235,10 @@ def resolve_record(record: dict[str, Any], problems: list[str]) -> bool:
     """Resolve every value in place; return whether any value is text or a container.
 
     Unsupported values are dropped and described in ``problems``. The common case, a
-    dict of finite numbers, is decided with C-level calls only (``map(type, ...)`` and
-    ``sum``, whose result is finite exactly when every summand is, barring overflow,
-    which then just takes the slow path).
+    dict of finite numbers, is decided by :func:`finite_numbers` (C-level calls only).
     """
-    values = record.values()
-    if _NUMBER_TYPES.issuperset(map(type, values)):
-        total = sum(values)
-        if total - total == 0:
-            return False
+    if finite_numbers(record.values()):
+        return False
     bad: list[str] = []
     has_text = False
     for key, value in record.items():

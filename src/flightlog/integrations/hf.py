@@ -70,12 +70,10 @@ class FlightlogCallback(TrainerCallback):
         self.run_name = run_name
         self.model_name = model_name
         self.collect = collect
-        self.grad_norms = grad_norms
-        self.gpu = gpu
-        self.system = system
-        self.system_interval_s = system_interval_s
-        self.memory_summary_steps = memory_summary_steps
-        self.adapter_patterns = adapter_patterns
+        self.collector_options = dict(
+            grad_norms=grad_norms, gpu=gpu, system=system, system_interval_s=system_interval_s,
+            memory_summary_steps=memory_summary_steps, adapter_patterns=adapter_patterns,
+        )
         self.finish_on_train_end = self.owns_run if finish_on_train_end is None else finish_on_train_end
         self.init_options = init_options
         self.collectors: Any = None
@@ -134,12 +132,7 @@ class FlightlogCallback(TrainerCallback):
                 model=model,
                 precision="bf16" if args.bf16 else "fp16" if args.fp16 else None,
                 warmup_steps=args.get_warmup_steps(state.max_steps) if state.max_steps and state.max_steps > 0 else None,
-                grad_norms=self.grad_norms,
-                adapter_patterns=self.adapter_patterns,
-                gpu=self.gpu,
-                system=self.system,
-                system_interval_s=self.system_interval_s,
-                memory_summary_steps=self.memory_summary_steps,
+                **self.collector_options,
             )
             self.collectors.attach(run)
         self._samples_per_step = int(state.train_batch_size or args.per_device_train_batch_size) * args.gradient_accumulation_steps * max(1, args.world_size)

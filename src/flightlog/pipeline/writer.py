@@ -25,7 +25,7 @@ from flightlog.pipeline.queue import RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.protocol import EVENT, METRICS, format_timestamp
 from flightlog.sinks.base import Sink
-from flightlog.values import _NUMBER_TYPES, resolve_record
+from flightlog.values import _NUMBER_TYPES, finite_numbers, resolve_record
 
 # Records finished per pass. Left to itself CPython only takes the GIL from a busy thread
 # after the 5 ms switch interval, so the writer gives the GIL away (sleep(0)) once it has
@@ -211,11 +211,13 @@ class Writer:
         epochs = list(map(_EPOCH, items))
         if list(map(_KIND, items)).count(METRICS) != n or steps.count(None):
             return None
-        without_epoch = epochs.count(None)
-        if without_epoch != n and (
-            without_epoch or not _NUMBER_TYPES.issuperset(map(type, epochs)) or (total := sum(epochs)) - total != 0
-        ):
-            return None
+        missing = epochs.count(None)
+        if missing == n:
+            with_epoch = False
+        elif missing == 0 and finite_numbers(epochs):
+            with_epoch = True
+        else:
+            return None  # an epoch on some records only, or one that is not a finite number
         fields = list(map(_FIELDS, items))
         text_keys = _scalar_text_keys(fields)
         if text_keys is None:  # tensors, numpy numbers...: resolve them in place, then look again
@@ -233,7 +235,7 @@ class Writer:
             return None
         stamps = map(format_timestamp.__getitem__, map(int, map(_TO_MS, map(_TIME, items))))
         run_id = self.run_id
-        if without_epoch:
+        if not with_epoch:
             records = [{"type": METRICS, "timestamp": ts, "run_id": run_id, "step": step, **f} for ts, step, f in zip(stamps, steps, fields)]
         else:
             records = [
