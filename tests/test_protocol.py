@@ -80,6 +80,10 @@ def test_timestamps_match_strftime_everywhere():
 
     rng = random.Random(11)
     times = [rng.uniform(0, 4e9) for _ in range(20_000)] + [59.9995, 60.0, 3599.999, 86_400.0]
+    walk = [1_764_486_059.5]  # then times a training run logs: ms apart, across seconds and minutes
+    for _ in range(20_000):
+        walk.append(walk[-1] + rng.choice([0.0, 0.0004, 0.003, 0.2, 1.7]))
+    times += walk
     for t in times:
         ms = int(t * 1000)
         expected = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"

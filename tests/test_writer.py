@@ -10,7 +10,7 @@ import random
 import orjson
 import pytest
 
-from flightlog.pipeline.queue import RecordQueue
+from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.writer import Writer
 from flightlog.protocol import ALERT, EVENT, METRICS
 from flightlog.redact import MASK, Redactor
@@ -226,3 +226,67 @@ def test_processors_in_the_whole_chunk_path(processors):
     if processors == [raises_on_five, adds_cpu]:
         kinds = [(r["type"], r.get("step")) for r in fast[0]]
         assert kinds[5] == (EVENT, None) and kinds[4] == (METRICS, 5)
+
+
+def test_items_run_log_checked_go_the_same_way():
+    """Run.log marks records whose values it found plain (PLAIN_METRICS): the writer skips
+    its own type check for a chunk of those, still turns NaN into the protocol's string,
+    still takes text record by record, and writes them as type "metrics" either way."""
+    rng = random.Random(9)
+    for _ in range(30):
+        chunk = numeric_chunk(rng, rng.randint(1, 64), with_epoch=rng.random() < 0.5)
+        checked = [(PLAIN_METRICS, t, s, e, f) for _, t, s, e, f in chunk]
+        if rng.random() < 0.5:  # some records unchecked: a mixed chunk
+            checked = [c if rng.random() < 0.5 else (METRICS, *c[1:]) for c in checked]
+        if rng.random() < 0.3:
+            checked[rng.randrange(len(checked))][4]["loss"] = rng.choice([math.nan, math.inf, "text", None])
+        assert writer()._finish(copy(checked)) == writer()._finish_each(copy(chunk_as_metrics(checked)))
+    out = writer()._finish(copy([(PLAIN_METRICS, 1.0, 1, None, {"loss": math.nan}), (EVENT, 1.0, None, None, {"message": "m"})]))
+    assert [r["type"] for r in out] == [METRICS, EVENT] and out[0]["loss"] == "NaN"
+
+
+def chunk_as_metrics(chunk):
+    return [(METRICS if k == PLAIN_METRICS else k, t, s, e, f) for k, t, s, e, f in chunk]
+
+
+def test_run_log_marks_only_plain_records(tmp_path):
+    """What Run.log enqueues: PLAIN_METRICS for plain Python values, METRICS when a value
+    needed a snapshot or a hook may have added anything; all reach the file as metrics."""
+    import flightlog
+
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, rules=False)
+    seen = []
+    run.queue._items = _Spy(run.queue._items, seen)
+    run._items = run.queue._items
+    np = pytest.importorskip("numpy")
+    run.log({"loss": 1.0, "stage": "stable", "x": None}, step=1)
+    run.log({"loss": np.float32(0.5)}, step=2)
+    run.on_log(lambda metrics, step: {"extra": 1.0})
+    run.log({"loss": 0.25}, step=3)
+    run.finish()
+    assert seen == [PLAIN_METRICS, METRICS, METRICS]
+    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    metrics = [r for r in records if r["type"] == METRICS]
+    assert [(r["step"], r["loss"]) for r in metrics] == [(1, 1.0), (2, 0.5), (3, 0.25)]
+    assert metrics[2]["extra"] == 1.0
+
+
+class _Spy:
+    """The run's deque, noting the kind of each metrics item appended."""
+
+    def __init__(self, items, seen):
+        self._items, self._seen = items, seen
+
+    def append(self, item):
+        if item[0] in (METRICS, PLAIN_METRICS):
+            self._seen.append(item[0])
+        self._items.append(item)
+
+    def __getattr__(self, name):
+        return getattr(self._items, name)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)

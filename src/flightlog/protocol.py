@@ -93,34 +93,45 @@ def nonfinite_to_str(value: float) -> str:
     return "NaN" if value != value else _NONFINITE_TO_STR[value]
 
 
+_SECOND_TEXT: Final = tuple(f"{s:02d}." for s in range(60))
+_MILLI_TEXT: Final = tuple(f"{ms:03d}Z" for ms in range(1000))
+
+
 class _TimestampFormatter(dict):
     """ISO-8601 UTC with milliseconds, cached per millisecond (records logged in a burst
-    share one string) with the date and time up to the minute cached per minute
-    (strftime costs several µs; records a second apart would otherwise pay it each time).
+    share one string), with the text up to the second cached per second and the date and
+    time up to the minute per minute (strftime costs several µs): a new millisecond costs
+    one concatenation, which matters because records in training are milliseconds apart.
 
     The cache is the dict itself, keyed by whole milliseconds since the epoch, so the
     writer can format a whole batch with C-level ``map(format_timestamp.__getitem__, ms)``.
     """
 
-    __slots__ = ("_minute",)
+    __slots__ = ("_minute", "_second")
 
     def __init__(self) -> None:
         super().__init__()
-        self._minute: tuple[int, str] = (-1, "")  # one attribute: threads never see half an update
+        # One attribute each: threads never see half an update.
+        self._minute: tuple[int, str] = (-1, "")
+        self._second: tuple[int, str] = (-1, "")
 
     def __call__(self, t: float) -> str:
         return self[int(t * 1000)]
 
     def __missing__(self, key: int) -> str:
-        minute, ms = divmod(key, 60_000)
-        cached, prefix = self._minute
-        if minute != cached:
-            prefix = datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%Y-%m-%dT%H:%M:")
-            self._minute = (minute, prefix)
+        second, ms = divmod(key, 1000)
+        cached, prefix = self._second
+        if second != cached:
+            minute, within = divmod(second, 60)
+            cached_minute, minute_prefix = self._minute
+            if minute != cached_minute:
+                minute_prefix = datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%Y-%m-%dT%H:%M:")
+                self._minute = (minute, minute_prefix)
+            prefix = minute_prefix + _SECOND_TEXT[within]
+            self._second = (second, prefix)
         if len(self) >= 4096:
             self.clear()
-        second, ms = divmod(ms, 1000)
-        text = self[key] = f"{prefix}{second:02d}.{ms:03d}Z"
+        text = self[key] = prefix + _MILLI_TEXT[ms]
         return text
 
 

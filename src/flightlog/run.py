@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 
 from flightlog.config import Config, ConfigError, build_config
 from flightlog.pipeline.processors import Processor
-from flightlog.pipeline.queue import RecordQueue
+from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.pipeline.writer import Writer
 from flightlog.protocol import (
@@ -221,14 +221,18 @@ class Run:
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"flightlog: log() takes a dict of metrics, got {type(metrics).__name__}")
         data = dict(metrics)
-        if not _PLAIN.issuperset(map(type, data.values())):
+        if _PLAIN.issuperset(map(type, data.values())):
+            kind = PLAIN_METRICS  # (the writer then skips its own look at the types)
+        else:
             snapshot_in_place(data)
+            kind = METRICS
         if self._hooks:
             self._run_hooks(data, step)
+            kind = METRICS
         items = self._items
         if len(items) >= self._maxsize and not self._make_room():
             return
-        items.append((METRICS, _time(), step, epoch, data))
+        items.append((kind, _time(), step, epoch, data))
 
     def _make_room(self) -> bool:
         """The queue is full, or the run is finished (maxsize -1): apply the policy."""

@@ -12,7 +12,15 @@ import threading
 import time
 import warnings
 from collections import deque
+from itertools import repeat
+from operator import call
 from typing import Any
+
+
+# An item's kind is its record's type, but for this one: a metrics record whose values
+# Run.log found to be plain Python scalars (float, int, bool, str, None) when it copied
+# them, so the writer need not look at their types again (it still checks for NaN).
+PLAIN_METRICS = "metrics/plain"
 
 
 class RecordQueue:
@@ -73,15 +81,26 @@ class RecordQueue:
         self.wake.set()
 
     def drain(self, limit: int) -> list[Any]:
-        """Up to ``limit`` items, oldest first (writer thread only)."""
+        """Up to ``limit`` items, oldest first (writer thread only).
+
+        Under ``block`` only this thread removes items, so the count taken here stays
+        available and a C-level ``map`` pops them. Under ``drop_oldest`` a producer may
+        pop too, so items are taken one by one: an IndexError must not lose the ones taken.
+        """
         items = self._items
-        out = []
-        pop = items.popleft
-        try:
-            for _ in range(min(limit, len(items))):
-                out.append(pop())
-        except IndexError:
-            pass
+        count = min(limit, len(items))
+        if not count:
+            return []
+        if self.on_full == "block":
+            out = list(map(call, repeat(items.popleft, count)))
+        else:
+            out = []
+            pop = items.popleft
+            try:
+                for _ in range(count):
+                    out.append(pop())
+            except IndexError:
+                pass
         if out:
             self.space.set()
         return out

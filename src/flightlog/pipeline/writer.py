@@ -17,11 +17,10 @@ import threading
 import time
 import traceback
 from itertools import chain, compress
-from operator import itemgetter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from flightlog.pipeline.processors import DropRecord, Processor, Record
-from flightlog.pipeline.queue import RecordQueue
+from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.protocol import EVENT, METRICS, format_timestamp
 from flightlog.sinks.base import Sink
@@ -38,14 +37,14 @@ ERROR_REPORT_INTERVAL = 60.0  # seconds between repeated reports of the same fai
 
 # A queued item: (type, unix time, step, epoch, fields).
 Item = tuple[str, float, Any, Any, dict[str, Any]]
-_KIND, _TIME, _STEP, _EPOCH, _FIELDS = (itemgetter(i) for i in range(5))
 _TO_MS = (1000.0).__mul__
 _flatten = chain.from_iterable
 _STR = frozenset({str})
 _SCALAR_TYPES = _NUMBER_TYPES | {str, type(None)}
+_NO_KEYS: frozenset[Any] = frozenset()
 
 
-def _scalar_text_keys(dicts: list[dict[str, Any]]) -> set[Any] | None:
+def _scalar_text_keys(dicts: Sequence[dict[str, Any]]) -> set[Any] | None:
     """The keys holding strings, when every value is a finite number, None or a string;
     else None. C-level passes over all the values at once."""
     values = list(_flatten(map(dict.values, dicts)))
@@ -61,6 +60,16 @@ def _scalar_text_keys(dicts: list[dict[str, Any]]) -> set[Any] | None:
     if (total := sum(numbers)) - total != 0:
         return None  # NaN or infinity somewhere: written as protocol strings, one by one
     return text_keys
+
+
+def _finite_sum(values: Iterable[Any]) -> bool:
+    """Whether values already known to be plain scalars are all finite numbers: their sum
+    is finite (a str or None makes ``sum`` raise)."""
+    try:
+        total = sum(values)
+    except TypeError:
+        return False
+    return total - total == 0
 
 
 class Writer:
@@ -207,9 +216,9 @@ class Writer:
         still see each record; the redactor runs only if a processor added text it reads.
         """
         n = len(items)
-        steps = list(map(_STEP, items))
-        epochs = list(map(_EPOCH, items))
-        if list(map(_KIND, items)).count(METRICS) != n or steps.count(None):
+        kinds, times, steps, epochs, fields = zip(*items)  # one C call: a tuple per part
+        checked = kinds.count(PLAIN_METRICS)
+        if (checked != n and checked + kinds.count(METRICS) != n) or steps.count(None):
             return None
         missing = epochs.count(None)
         if missing == n:
@@ -218,8 +227,12 @@ class Writer:
             with_epoch = True
         else:
             return None  # an epoch on some records only, or one that is not a finite number
-        fields = list(map(_FIELDS, items))
-        text_keys = _scalar_text_keys(fields)
+        if checked == n and _finite_sum(_flatten(map(dict.values, fields))):
+            text_keys: set[Any] | None = _NO_KEYS  # the usual chunk: finite numbers, types checked by Run.log
+        elif checked != n and finite_numbers(list(_flatten(map(dict.values, fields)))):
+            text_keys = _NO_KEYS
+        else:
+            text_keys = _scalar_text_keys(fields)
         if text_keys is None:  # tensors, numpy numbers...: resolve them in place, then look again
             problems: list[str] = []
             for values in fields:
@@ -233,7 +246,7 @@ class Writer:
         redactor = self.redactor
         if text_keys and redactor is not None and not redactor.leaves_alone(text_keys, _flatten(fields)):
             return None
-        stamps = map(format_timestamp.__getitem__, map(int, map(_TO_MS, map(_TIME, items))))
+        stamps = map(format_timestamp.__getitem__, map(int, map(_TO_MS, times)))
         run_id = self.run_id
         if not with_epoch:
             records = [{"type": METRICS, "timestamp": ts, "run_id": run_id, "step": step, **f} for ts, step, f in zip(stamps, steps, fields)]
@@ -243,7 +256,7 @@ class Writer:
                 for ts, step, epoch, f in zip(stamps, steps, epochs, fields)
             ]
         if not self.processors and not self.observers:
-            self.summary.observe_batch(records)
+            self.summary.observe_batch(fields, steps)
             return records
         return self._stages_each(records)
 
@@ -291,6 +304,8 @@ class Writer:
         plain_chain = not self.processors and not self.observers
         numbers = _NUMBER_TYPES
         for kind, t, step, epoch, fields in items:
+            if kind is PLAIN_METRICS:
+                kind = METRICS
             values = fields.values()
             if numbers.issuperset(map(type, values)) and (total := sum(values)) - total == 0:
                 has_text = False  # finite numbers only: nothing to resolve (inlined fast path)
