@@ -46,20 +46,24 @@ class StepClock:
 
     def take(self) -> dict[str, Any]:
         """``step_time_s``, ``data_time_s`` and throughputs over the steps since the last call."""
-        if self.steps == 0:
-            return {}
-        out: dict[str, Any] = {
-            "step_time_s": self.step_s / self.steps,
-            "data_time_s": self.data_s / self.steps,
-        }
-        if self.step_s > 0:
-            if _nonzero(self.samples):
-                out["throughput_samples_per_sec"] = self.samples / self.step_s
-            if _nonzero(self.tokens):
-                # A tensor token count (attention_mask.sum()) stays a tensor: resolved by the writer.
-                out["throughput_tokens_per_sec"] = self.tokens / self.step_s
+        out = window_averages(self.steps, self.step_s, self.data_s, self.samples, self.tokens)
         self.__init__()  # type: ignore[misc]
         return out
+
+
+def window_averages(steps: int, step_s: float, data_s: float, samples: Any, tokens: Any) -> dict[str, Any]:
+    """Per-step averages of a window of ``steps`` steps that took ``step_s`` seconds in all
+    (``data_s`` of them waiting for data) and processed ``samples``/``tokens``."""
+    if steps == 0:
+        return {}
+    out: dict[str, Any] = {"step_time_s": step_s / steps, "data_time_s": data_s / steps}
+    if step_s > 0:
+        if _nonzero(samples):
+            out["throughput_samples_per_sec"] = samples / step_s
+        if _nonzero(tokens):
+            # A tensor token count (attention_mask.sum()) stays a tensor: resolved by the writer.
+            out["throughput_tokens_per_sec"] = tokens / step_s
+    return out
 
 
 def _nonzero(value: Any) -> bool:
@@ -97,8 +101,14 @@ class StepTimer:
         self.batch_size = batch_size
         self.tokens_per_step = tokens_per_step
         self.step_count = start_step  # completed steps
-        self.clock = StepClock()
-        self._data_s = 0.0
+        # The window since the last record, kept as running totals that a step adds to
+        # with two attribute updates (the averages are worked out at a logging step):
+        self._window_start = start_step
+        self._busy_s = 0.0  # inside step contexts
+        self._data_s = 0.0  # waiting for data (timer.data(), timer.waiting())
+        self._overridden = 0  # steps given their own samples/tokens, and those sizes
+        self._samples: Any = 0
+        self._tokens: Any = 0
         self._context = _Step(self)
 
     # --------------------------------------------------------------- data wait
@@ -122,19 +132,39 @@ class StepTimer:
     def step(self, *, samples: int | None = None, tokens: Any = None) -> "_Step":
         """Context for one optimizer step. ``samples``/``tokens`` override the per-step defaults."""
         ctx = self._context
-        ctx.samples = samples if samples is not None else self.batch_size
-        ctx.tokens = tokens if tokens is not None else self.tokens_per_step
+        if samples is not None or tokens is not None:
+            ctx.sizes = (samples, tokens)
         return ctx
 
     @property
     def next_is_logged(self) -> bool:
         return (self.step_count + 1) % self.logging_steps == 0
 
+    def _count_sizes(self, sizes: tuple[Any, Any]) -> None:
+        """A completed step that named its own samples and/or tokens."""
+        samples, tokens = sizes
+        self._overridden += 1
+        self._samples = self._samples + (samples if samples is not None else (self.batch_size or 0))
+        self._tokens = self._tokens + (tokens if tokens is not None else (self.tokens_per_step or 0))
+
+    def _take_window(self) -> dict[str, Any]:
+        """The averages over the steps since the last record; starts a new window."""
+        steps = self.step_count - self._window_start
+        plain = steps - self._overridden  # steps that took the per-step defaults
+        samples = self._samples + plain * (self.batch_size or 0)
+        tokens = self._tokens + plain * (self.tokens_per_step or 0)
+        out = window_averages(steps, self._busy_s + self._data_s, self._data_s, samples, tokens)
+        self._window_start = self.step_count
+        self._busy_s = self._data_s = 0.0
+        self._overridden = 0
+        self._samples = self._tokens = 0
+        return out
+
     def _emit(self, ctx: "_Step") -> None:
-        """A logging step ended: its metrics, the clock's averages and the collectors' values."""
+        """A logging step ended: its metrics, the window's averages and the collectors' values."""
         metrics = ctx.metrics
         ctx.metrics = {}
-        for key, value in self.clock.take().items():
+        for key, value in self._take_window().items():
             metrics.setdefault(key, value)
         if self.collectors is not None:
             for key, value in self.collectors.collect(self.step_count).items():
@@ -143,36 +173,51 @@ class StepTimer:
         ctx.epoch = None
 
 
-class _Step:
-    """The reusable context object ``StepTimer.step()`` returns (no allocation per step)."""
+_ABSENT: Any = object()
 
-    __slots__ = ("timer", "t0", "metrics", "samples", "tokens", "epoch", "logged")
+
+class _Step:
+    """The reusable context object ``StepTimer.step()`` returns (no allocation per step).
+
+    Every step pays its methods with the caches cold after forward/backward/optimizer
+    (each Python operation costs several times its warm micro-benchmark there), so a
+    plain step does as little as it can: no dict, no float kept but two running totals,
+    no attribute written that a plain step does not change; a logging step does the rest.
+    """
+
+    __slots__ = ("timer", "t0", "metrics", "sizes", "epoch", "logged")
 
     def __init__(self, timer: StepTimer) -> None:
         self.timer = timer
         self.t0 = 0.0
         self.metrics: dict[str, Any] = {}
-        self.samples: Any = None
-        self.tokens: Any = None
+        self.sizes: tuple[Any, Any] | None = None  # this step's own (samples, tokens), if given
         self.epoch: float | None = None
         self.logged = False
 
     def __enter__(self) -> "_Step":
         timer = self.timer
-        self.logged = logged = (timer.step_count + 1) % timer.logging_steps == 0
-        if logged and timer.collectors is not None:
-            timer.collectors.arm()
+        if (timer.step_count + 1) % timer.logging_steps == 0:
+            self.logged = True
+            if timer.collectors is not None:
+                timer.collectors.arm()
         self.t0 = _clock()
         return self
 
-    def log(self, metrics: dict[str, Any] | None = None, *, epoch: float | None = None, **values: Any) -> None:
-        """Metrics of this step (tensors welcome); written only if this step is a logging step."""
+    def log(self, metrics: dict[str, Any] | None = None, *, epoch: float | None = None, loss: Any = _ABSENT, **values: Any) -> None:
+        """Metrics of this step (tensors welcome); written only if this step is a logging step.
+
+        (``loss`` is a parameter of its own so that ``step.log(loss=loss)``, the common
+        call, builds no keyword dict on the steps that are not logged.)
+        """
         if not self.logged:  # kept nowhere: nothing to copy, nothing to clear
             if epoch is not None:
                 self.epoch = epoch
             return
         if metrics:
             self.metrics.update(metrics)
+        if loss is not _ABSENT:
+            self.metrics["loss"] = loss
         if values:
             self.metrics.update(values)
         if epoch is not None:
@@ -180,27 +225,19 @@ class _Step:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         elapsed = _clock() - self.t0
-        if exc_type is not None:
+        timer = self.timer
+        if exc_type is not None:  # the step did not complete: it counts nowhere
             self.metrics.clear()
             self.logged = False
+            self.sizes = None
             return
-        # Every step pays this, with caches cold after forward/backward/optimizer (each
-        # Python call costs several times its warm micro-benchmark): the clock is
-        # updated inline, no call, no dict work; only a logging step calls on.
-        timer = self.timer
-        data_s = timer._data_s
-        timer._data_s = 0.0
+        timer._busy_s += elapsed
         timer.step_count += 1
-        clock = timer.clock
-        clock.steps += 1
-        clock.step_s += elapsed + data_s
-        clock.data_s += data_s
-        samples, tokens = self.samples, self.tokens
-        if samples is not None:
-            clock.samples = clock.samples + samples
-        if tokens is not None:
-            clock.tokens = clock.tokens + tokens
+        if self.sizes is not None:
+            timer._count_sizes(self.sizes)
+            self.sizes = None
         if self.logged:
+            self.logged = False
             timer._emit(self)
 
 
