@@ -209,6 +209,31 @@ class TestStepTimer:
         assert all(r["data_time_s"] >= 0.0025 for r in recs)
         assert "throughput_samples_per_sec" not in recs[0]
 
+    def test_throughput_counts_each_steps_own_sizes(self, tmp_path: Path) -> None:
+        """Throughputs are the window's samples and tokens over its time: the per-step
+        defaults, or what a step names itself (tokens may be a tensor); a failed step's
+        sizes count nowhere; the other keyword metrics sit beside the loss."""
+        run = make_run(tmp_path, logging_steps=4)
+        timer = StepTimer(run, batch_size=8, tokens_per_step=100)
+        sizes = [{}, {"samples": 2}, {"tokens": torch.tensor(40)}, {"samples": 1, "tokens": 10}, {}, {}, {}, {"samples": 3}]
+        for i, size in enumerate(sizes):
+            if i == 5:
+                with pytest.raises(RuntimeError):
+                    with timer.step(samples=1000, tokens=1000):
+                        raise RuntimeError("boom")
+            with timer.step(**size) as step:
+                time.sleep(0.002)
+                step.log(loss=float(i), accuracy=0.5)
+        run.finish()
+        recs = records(run)
+        assert [(r["step"], r["loss"], r["accuracy"]) for r in recs] == [(4, 3.0, 0.5), (8, 7.0, 0.5)]
+        window_s = [r["step_time_s"] * 4 for r in recs]
+        assert recs[0]["throughput_samples_per_sec"] == pytest.approx((8 + 2 + 8 + 1) / window_s[0])
+        assert recs[0]["throughput_tokens_per_sec"] == pytest.approx((100 + 100 + 40 + 10) / window_s[0])
+        assert recs[1]["throughput_samples_per_sec"] == pytest.approx((8 + 8 + 8 + 3) / window_s[1])
+        assert recs[1]["throughput_tokens_per_sec"] == pytest.approx(400 / window_s[1])
+        assert all(0.002 <= r["step_time_s"] < 0.5 for r in recs)
+
     def test_grad_scaler_scale_is_recorded(self, tmp_path: Path) -> None:
         """An enabled GradScaler marks the run fp16 and its scale is logged without get_scale()."""
         model = nn.Linear(4, 1)
