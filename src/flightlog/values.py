@@ -50,7 +50,9 @@ class SharedVector:
 
     def __init__(self, tensor: Any) -> None:
         self.tensor = tensor  # kept: a distributed reduction may still derive on the device
-        self.pending: Any = None
+        # 0-d CPU norms are flightlog's own fresh tensors with nothing to copy: captured as
+        # they are, so Run.log has nothing to do for the values derived from them.
+        self.pending: Any = tensor if isinstance(tensor, (list, tuple)) else None
         self.values: list[float] | None = None
 
     def snapshot(self) -> None:
@@ -165,8 +167,10 @@ def snapshot(metrics: Mapping[str, Any]) -> dict[str, Any]:
 def snapshot_in_place(metrics: dict[str, Any]) -> dict[str, Any]:
     """:func:`snapshot` of a dict that is already flightlog's own copy (no second copy)."""
     for key, value in metrics.items():
-        if type(value) not in PLAIN_TYPES:
-            metrics[key] = snapshot_value(value)
+        kind = type(value)
+        if kind in PLAIN_TYPES or (kind is Derived and value.source.pending is not None):
+            continue  # (a derived value whose vector is captured: nothing to do, no call)
+        metrics[key] = snapshot_value(value)
     return metrics
 
 

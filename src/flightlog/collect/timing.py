@@ -46,24 +46,26 @@ class StepClock:
 
     def take(self) -> dict[str, Any]:
         """``step_time_s``, ``data_time_s`` and throughputs over the steps since the last call."""
-        out = window_averages(self.steps, self.step_s, self.data_s, self.samples, self.tokens)
+        out = window_averages(self.steps, self.step_s, self.data_s, self.samples, self.tokens, {})
         self.__init__()  # type: ignore[misc]
         return out
 
 
-def window_averages(steps: int, step_s: float, data_s: float, samples: Any, tokens: Any) -> dict[str, Any]:
+def window_averages(steps: int, step_s: float, data_s: float, samples: Any, tokens: Any, into: dict[str, Any]) -> dict[str, Any]:
     """Per-step averages of a window of ``steps`` steps that took ``step_s`` seconds in all
-    (``data_s`` of them waiting for data) and processed ``samples``/``tokens``."""
+    (``data_s`` of them waiting for data) and processed ``samples``/``tokens``, added to
+    ``into`` where it does not have them yet (a value the loop logged itself wins)."""
     if steps == 0:
-        return {}
-    out: dict[str, Any] = {"step_time_s": step_s / steps, "data_time_s": data_s / steps}
+        return into
+    into.setdefault("step_time_s", step_s / steps)
+    into.setdefault("data_time_s", data_s / steps)
     if step_s > 0:
         if _nonzero(samples):
-            out["throughput_samples_per_sec"] = samples / step_s
+            into.setdefault("throughput_samples_per_sec", samples / step_s)
         if _nonzero(tokens):
             # A tensor token count (attention_mask.sum()) stays a tensor: resolved by the writer.
-            out["throughput_tokens_per_sec"] = tokens / step_s
-    return out
+            into.setdefault("throughput_tokens_per_sec", tokens / step_s)
+    return into
 
 
 def _nonzero(value: Any) -> bool:
@@ -147,25 +149,23 @@ class StepTimer:
         self._samples = self._samples + (samples if samples is not None else (self.batch_size or 0))
         self._tokens = self._tokens + (tokens if tokens is not None else (self.tokens_per_step or 0))
 
-    def _take_window(self) -> dict[str, Any]:
-        """The averages over the steps since the last record; starts a new window."""
+    def _take_window(self, into: dict[str, Any]) -> None:
+        """Add the averages over the steps since the last record to ``into``; start a new window."""
         steps = self.step_count - self._window_start
         plain = steps - self._overridden  # steps that took the per-step defaults
         samples = self._samples + plain * (self.batch_size or 0)
         tokens = self._tokens + plain * (self.tokens_per_step or 0)
-        out = window_averages(steps, self._busy_s + self._data_s, self._data_s, samples, tokens)
+        window_averages(steps, self._busy_s + self._data_s, self._data_s, samples, tokens, into)
         self._window_start = self.step_count
         self._busy_s = self._data_s = 0.0
         self._overridden = 0
         self._samples = self._tokens = 0
-        return out
 
     def _emit(self, ctx: "_Step") -> None:
         """A logging step ended: its metrics, the window's averages and the collectors' values."""
         metrics = ctx.metrics
         ctx.metrics = {}
-        for key, value in self._take_window().items():
-            metrics.setdefault(key, value)
+        self._take_window(metrics)
         if self.collectors is not None:
             for key, value in self.collectors.collect(self.step_count).items():
                 metrics.setdefault(key, value)
