@@ -290,3 +290,24 @@ class _Spy:
 
     def __iter__(self):
         return iter(self._items)
+
+
+def test_an_integer_beyond_the_float_range_is_refused_by_name(tmp_path):
+    """sum() over 10**400 and a float raises OverflowError: that must not cost the chunk (it
+    once lost run_start and every record beside it). The value is dropped with a message
+    naming its key; a big integer within the float range is written as a float."""
+    import flightlog
+
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, rules=False)
+    run.log({"loss": 0.5, "huge": 10**400}, step=1)
+    run.log({"loss": 0.25, "big": 10**30, "huge": -(10**400)}, step=2)
+    run.log({"loss": 0.125, "nested": [1, 10**400]}, step=3)
+    run.finish()
+    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    assert records[0]["type"] == "run_start" and records[-1]["type"] == "run_end"
+    metrics = [{k: v for k, v in r.items() if k not in ("type", "timestamp", "run_id")} for r in records if r["type"] == METRICS]
+    assert metrics == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25, "big": 1e30}, {"step": 3, "loss": 0.125}]
+    warnings = [r["message"] for r in records if r["type"] == EVENT and r["source"] == "flightlog/values"]
+    assert any("'huge'" in m and "beyond the range of a float" in m for m in warnings)
+    assert any("'nested[1]'" in m for m in warnings)
+    assert not [r for r in records if r["type"] == EVENT and r["level"] == "ERROR"]

@@ -12,6 +12,7 @@ cannot change what was logged.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Collection, Mapping
 
 # Types that need no snapshot and no resolution beyond the non-finite check.
@@ -183,6 +184,8 @@ def resolve_value(value: Any, key: str) -> Any:
     kind = type(value)
     if kind is float:
         return value if value - value == 0.0 else ("NaN" if value != value else ("Infinity" if value > 0 else "-Infinity"))
+    if kind is int:
+        return _check_int(value, key)
     if kind in PLAIN_TYPES:
         return value
     if kind is Derived:
@@ -213,7 +216,7 @@ def resolve_value(value: Any, key: str) -> Any:
     if isinstance(value, float):  # float subclasses
         return resolve_value(float(value), key)
     if isinstance(value, int):  # int subclasses, IntEnum
-        return int(value)
+        return _check_int(int(value), key)
     if isinstance(value, str):
         return str(value)
     raise UnsupportedValue(
@@ -229,7 +232,21 @@ def finite_numbers(values: Collection[Any]) -> bool:
     """Whether every value (a list, or a dict's values: read twice) is a finite
     int/float/bool, with C-level calls only: ``map(type, ...)`` and ``sum``, whose result
     is finite exactly when every summand is (barring overflow, which answers False)."""
-    return _NUMBER_TYPES.issuperset(map(type, values)) and (total := sum(values)) - total == 0
+    try:
+        return _NUMBER_TYPES.issuperset(map(type, values)) and (total := sum(values)) - total == 0
+    except OverflowError:  # an integer beyond the float range among floats
+        return False
+
+
+# Integers are written as JSON numbers; beyond the float range no reader can hold one
+# (and the encoder refuses it), so such a value is refused with a message naming its key.
+_FLOAT_RANGE_INT = int(sys.float_info.max)
+
+
+def _check_int(value: int, key: str) -> int:
+    if -_FLOAT_RANGE_INT <= value <= _FLOAT_RANGE_INT:
+        return value
+    raise UnsupportedValue(f"metric {key!r}: an integer of {value.bit_length()} bits is beyond the range of a float and cannot be logged as a number")
 
 
 _TEXT_TYPES = (str, dict, list, tuple)
@@ -251,7 +268,7 @@ def resolve_record(record: dict[str, Any], problems: list[str]) -> bool:
             if value - value != 0.0:
                 record[key] = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
             continue
-        if kind is int or kind is bool or value is None:
+        if kind is bool or value is None or (kind is int and -_FLOAT_RANGE_INT <= value <= _FLOAT_RANGE_INT):
             continue
         try:
             resolved = record[key] = resolve_value(value, key)

@@ -16,6 +16,13 @@ _NUMBERS = frozenset({float, int})  # (bool is no measurement to rank)
 _SKIP = frozenset({"type", "timestamp", "run_id", "step", "epoch"})
 
 
+def _numbers_without_nan(values: list[Any]) -> bool:
+    try:
+        return _NUMBERS.issuperset(map(type, values)) and (total := sum(values)) == total
+    except OverflowError:  # (an integer beyond the float range: compared one by one)
+        return False
+
+
 class SummaryTracker:
     """Remembers last and best metric values; ``observe`` is called by the writer per metrics record."""
 
@@ -64,7 +71,7 @@ class SummaryTracker:
             if key not in keys:
                 continue
             values = list(map(dict.get, records, repeat(key)))
-            if _NUMBERS.issuperset(map(type, values)) and (total := sum(values)) == total:  # no NaN
+            if _numbers_without_nan(values):
                 candidate = min(values) if goal < 0 else max(values)
                 at = values.index(candidate)
             else:  # skip what is not a measurement: missing, text, bools, NaN

@@ -58,8 +58,11 @@ def _scalar_text_keys(dicts: Sequence[dict[str, Any]]) -> set[Any] | None:
         numbers = list(compress(values, map(_NUMBER_TYPES.__contains__, types)))
     else:
         return None
-    if (total := sum(numbers)) - total != 0:
-        return None  # NaN or infinity somewhere: written as protocol strings, one by one
+    try:
+        if (total := sum(numbers)) - total != 0:
+            return None  # NaN or infinity somewhere: written as protocol strings, one by one
+    except OverflowError:  # an integer beyond the float range: refused record by record
+        return None
     return text_keys
 
 
@@ -68,7 +71,7 @@ def _finite_sum(values: Iterable[Any]) -> bool:
     is finite (a str or None makes ``sum`` raise)."""
     try:
         total = sum(values)
-    except TypeError:
+    except (TypeError, OverflowError):  # text or None; an integer beyond the float range
         return False
     return total - total == 0
 
@@ -305,10 +308,14 @@ class Writer:
         plain_chain = not self.processors and not self.observers
         numbers = _NUMBER_TYPES
         for kind, t, step, epoch, fields in items:
-            if kind is PLAIN_METRICS:
+            if kind == PLAIN_METRICS:
                 kind = METRICS
             values = fields.values()
-            if numbers.issuperset(map(type, values)) and (total := sum(values)) - total == 0:
+            try:
+                plain = numbers.issuperset(map(type, values)) and (total := sum(values)) - total == 0
+            except OverflowError:  # an integer beyond the float range: resolve_record refuses it
+                plain = False
+            if plain:
                 has_text = False  # finite numbers only: nothing to resolve (inlined fast path)
             else:
                 has_text = resolve_record(fields, problems)
