@@ -311,3 +311,37 @@ def test_an_integer_beyond_the_float_range_is_refused_by_name(tmp_path):
     assert any("'huge'" in m and "beyond the range of a float" in m for m in warnings)
     assert any("'nested[1]'" in m for m in warnings)
     assert not [r for r in records if r["type"] == EVENT and r["level"] == "ERROR"]
+
+
+def test_an_epoch_of_any_kind_never_costs_the_batch(tmp_path):
+    """A numpy epoch once made the JSONL sink refuse the whole batch (run_start and every
+    record beside it). Numbers of any kind are written as numbers, a non-finite one as the
+    protocol's string; a non-number is dropped by name and the record kept."""
+    import flightlog
+
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, rules=False)
+    epochs = [0.1, np.float32(0.25), torch.tensor(0.5), math.inf, "one", 2]
+    for step, epoch in enumerate(epochs, start=1):
+        run.log({"loss": 1.0 / step}, step=step, epoch=epoch)
+    run.event("checkpoint saved", epoch=np.float64(1.5))
+    run.finish()
+    assert run.writer.sink_failures == {}
+    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    assert records[0]["type"] == "run_start"
+    metrics = [r for r in records if r["type"] == METRICS]
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4, 5, 6]
+    assert [r.get("epoch") for r in metrics] == [0.1, 0.25, 0.5, "Infinity", None, 2]
+    assert any(r["type"] == EVENT and r.get("epoch") == 1.5 for r in records)
+    assert any(r["type"] == EVENT and "epoch: must be a number, got 'one'" in r["message"] for r in records)
+
+
+def test_a_record_the_writer_cannot_finish_costs_only_itself():
+    """An item that makes finishing raise (here a corrupt time: only a flightlog bug could
+    queue one) is dropped and reported; the rest of its chunk is written."""
+    w = writer()
+    chunk = [item(1, {"loss": 1.0}), ("metrics", "not a time", 2, None, {"loss": 0.5}), item(3, {"loss": 0.25})]
+    out = w._finish(copy(chunk))
+    assert [(r["type"], r.get("step")) for r in out] == [(METRICS, 1), (METRICS, 3), (EVENT, None)]
+    assert "could not write a 'metrics' record (step 2)" in out[-1]["message"]

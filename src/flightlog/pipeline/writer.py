@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterable, Sequence
 from flightlog.pipeline.processors import DropRecord, Processor, Record
 from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
-from flightlog.protocol import EVENT, METRICS, format_timestamp
+from flightlog.protocol import EVENT, METRICS, NONFINITE_STRINGS, format_timestamp
 from flightlog.sinks.base import Sink
-from flightlog.values import _NUMBER_TYPES, finite_numbers, resolve_record
+from flightlog.values import _NUMBER_TYPES, finite_numbers, resolve_record, resolve_value
 
 # Records finished per pass (a pass of 128 plain records takes ~0.3 ms here; twice that
 # many saved only 0.3% more per record). Left to itself CPython only takes the GIL from a
@@ -205,11 +205,26 @@ class Writer:
                 started = clock()
 
     def _finish(self, items: list[Item]) -> list[Record]:
-        if items and not self._emitted:
-            batch = self._finish_chunk(items)
-            if batch is not None:
-                return batch
-        return self._finish_each(items)
+        try:
+            if items and not self._emitted:
+                batch = self._finish_chunk(items)
+                if batch is not None:
+                    return batch
+            return self._finish_each(items)
+        except Exception:
+            return self._finish_alone(items)
+
+    def _finish_alone(self, items: list[Item]) -> list[Record]:
+        """A failure none of the stages caught (a flightlog bug): each item is finished on
+        its own, so only the record that cannot be finished is lost, and reported."""
+        out: list[Record] = []
+        for item in items:
+            try:
+                out.extend(self._finish_each([item]))
+            except Exception as exc:
+                kind, step = item[0], item[2]
+                self._report("writer", type(exc).__name__, f"could not write a {kind!r} record (step {step}): {type(exc).__name__}: {exc}; that record was dropped, the others kept")
+        return out
 
     def _finish_chunk(self, items: list[Item]) -> list[Record] | None:
         """The common chunk, finished with C-level passes over the whole chunk: metrics
@@ -324,6 +339,8 @@ class Writer:
             record: Record = {"type": kind, "timestamp": fmt(t), "run_id": run_id}
             if step is not None:
                 record["step"] = step
+            if epoch is not None and (type(epoch) is not float or epoch - epoch != 0.0):
+                epoch = self._epoch_value(epoch)
             if epoch is not None:
                 record["epoch"] = epoch
             record.update(fields)
@@ -358,6 +375,21 @@ class Writer:
             if record is None:
                 return None
         return record
+
+    def _epoch_value(self, epoch: Any) -> Any:
+        """An epoch that is not a finite float: a number of another kind (numpy, a 0-d
+        tensor, an int) as its value, a non-finite one as the protocol's string; anything
+        else is refused by name (the record is kept without it), never handed to a sink
+        that could not encode it."""
+        try:
+            value = resolve_value(epoch, "epoch")
+        except Exception as exc:  # UnsupportedValue, a tensor whose copy failed...
+            self._values_rejected([f"epoch: could not be read ({type(exc).__name__}: {exc})"])
+            return None
+        if type(value) in (int, float) or value in NONFINITE_STRINGS:
+            return value
+        self._values_rejected([f"epoch: must be a number, got {epoch!r} ({type(epoch).__name__})"])
+        return None
 
     def _values_rejected(self, problems: list[str]) -> None:
         self.rejected_values += len(problems)
