@@ -88,3 +88,11 @@ def test_timestamps_match_strftime_everywhere():
         ms = int(t * 1000)
         expected = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
         assert protocol.format_timestamp(t) == expected, t
+
+
+def test_make_finite_writes_what_the_encoder_refuses():
+    """Integers beyond 64 bits become floats (beyond the float range: the protocol's
+    infinities); keys the encoder cannot write become their str()."""
+    out = protocol.make_finite({"a": 2**70, "b": -(10**400), (1, 2): [10**400, math.nan], 3: True})
+    assert out == {"a": float(2**70), "b": "-Infinity", "(1, 2)": ["Infinity", "NaN"], 3: True}
+    assert json.loads(protocol.dumps(out)) == {"a": float(2**70), "b": "-Infinity", "(1, 2)": ["Infinity", "NaN"], "3": True}

@@ -345,3 +345,21 @@ def test_a_record_the_writer_cannot_finish_costs_only_itself():
     out = w._finish(copy(chunk))
     assert [(r["type"], r.get("step")) for r in out] == [(METRICS, 1), (METRICS, 3), (EVENT, None)]
     assert "could not write a 'metrics' record (step 2)" in out[-1]["message"]
+
+
+def test_a_key_the_encoder_cannot_write_is_written_as_text(tmp_path):
+    """A tuple key once made the JSONL sink refuse the batch and finish() raise (run.json
+    holds the summary): it is written as its str(); int keys stay as orjson writes them."""
+    import flightlog
+
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl", "csv"], install_signal_handlers=False)
+    run.log({"loss": 0.5}, step=1)
+    run.log({(1, 2): 0.25, "loss": 0.2, 3: 1.0}, step=2)
+    run.log({"loss": 0.125}, step=3)
+    run.finish()
+    assert run.writer.sink_failures == {}
+    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    metrics = [r for r in records if r["type"] == METRICS]
+    assert [r["loss"] for r in metrics] == [0.5, 0.2, 0.125]
+    assert metrics[1]["(1, 2)"] == 0.25 and metrics[1]["3"] == 1.0
+    assert records[-1]["type"] == "run_end" and records[-1]["summary"]["last"]["(1, 2)"] == 0.25

@@ -147,15 +147,26 @@ def parse_timestamp(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+# Dict keys the encoder writes itself (OPT_NON_STR_KEYS); any other key (a tuple...) is
+# written as its str() rather than failing the whole record.
+_JSON_KEY_TYPES: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def make_finite(value: Any) -> Any:
-    """Replace non-finite floats (also nested in dicts and lists) by protocol strings, and
-    integers beyond 64 bits (which the encoder refuses) by floats."""
+    """Replace non-finite floats (also nested in dicts and lists) by protocol strings,
+    integers beyond 64 bits (which the encoder refuses) by floats (beyond the float range:
+    by the protocol's infinities), and dict keys the encoder cannot write by their str()."""
     if type(value) is float:
         return value if value - value == 0.0 else nonfinite_to_str(value)
     if type(value) is int:
-        return value if -(2**63) <= value < 2**64 else float(value)
+        if -(2**63) <= value < 2**64:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, dict):
-        return {k: make_finite(v) for k, v in value.items()}
+        return {(k if type(k) in _JSON_KEY_TYPES else str(k)): make_finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [make_finite(v) for v in value]
     return value
