@@ -363,3 +363,25 @@ def test_a_key_the_encoder_cannot_write_is_written_as_text(tmp_path):
     assert [r["loss"] for r in metrics] == [0.5, 0.2, 0.125]
     assert metrics[1]["(1, 2)"] == 0.25 and metrics[1]["3"] == 1.0
     assert records[-1]["type"] == "run_end" and records[-1]["summary"]["last"]["(1, 2)"] == 0.25
+
+
+def test_text_that_is_not_utf8_is_escaped_not_fatal(tmp_path, capsys):
+    """A lone surrogate (a file name decoded with surrogateescape) once made every sink
+    refuse the batch and finish() raise: it is written as its backslash escape."""
+    import flightlog
+
+    name = b"ckpt-\xff.bin".decode("utf-8", "surrogateescape")
+    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl", "csv", "console"], install_signal_handlers=False)
+    run.log({"loss": 0.5}, step=1)
+    run.log({"loss": 0.25, "file": name, name: 1.0}, step=2)
+    run.event(f"saved {name}", path=name)
+    run.log({"loss": 0.125}, step=3)
+    run.finish()
+    assert run.writer.sink_failures == {}
+    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    metrics = [r for r in records if r["type"] == METRICS]
+    assert [r["loss"] for r in metrics] == [0.5, 0.25, 0.125]
+    assert metrics[1]["file"] == "ckpt-\\udcff.bin" and metrics[1]["ckpt-\\udcff.bin"] == 1.0
+    assert any(r["type"] == EVENT and r.get("path") == "ckpt-\\udcff.bin" for r in records)
+    assert "ckpt-\\udcff.bin" in (run.log_dir / "metrics.csv").read_text()
+    assert "saved ckpt-\\udcff.bin" in capsys.readouterr().out

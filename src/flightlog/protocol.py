@@ -152,10 +152,24 @@ def parse_timestamp(text: str) -> float:
 _JSON_KEY_TYPES: Final = frozenset({str, int, float, bool, type(None)})
 
 
+def clean_text(text: str) -> str:
+    """``text`` as valid UTF-8: a lone surrogate (a file name decoded with
+    ``surrogateescape``...) is written as its ``\\udcxx`` escape instead of making every
+    encoder refuse the record."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def make_finite(value: Any) -> Any:
     """Replace non-finite floats (also nested in dicts and lists) by protocol strings,
     integers beyond 64 bits (which the encoder refuses) by floats (beyond the float range:
-    by the protocol's infinities), and dict keys the encoder cannot write by their str()."""
+    by the protocol's infinities), dict keys the encoder cannot write by their str(), and
+    text that is not valid UTF-8 by :func:`clean_text`."""
+    if type(value) is str:
+        return clean_text(value)
     if type(value) is float:
         return value if value - value == 0.0 else nonfinite_to_str(value)
     if type(value) is int:
@@ -166,7 +180,7 @@ def make_finite(value: Any) -> Any:
         except OverflowError:
             return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, dict):
-        return {(k if type(k) in _JSON_KEY_TYPES else str(k)): make_finite(v) for k, v in value.items()}
+        return {(clean_text(k) if type(k) is str else k if type(k) in _JSON_KEY_TYPES else clean_text(str(k))): make_finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [make_finite(v) for v in value]
     return value

@@ -147,7 +147,12 @@ class ConsoleSink(BaseSink):
             if line is not None:
                 lines.append(line)
         if lines:
-            self.stream.write("\n".join(lines) + "\n")
+            text = "\n".join(lines) + "\n"
+            try:
+                self.stream.write(text)
+            except UnicodeEncodeError:  # a lone surrogate, or a stream that is not UTF-8
+                encoding = getattr(self.stream, "encoding", None) or "utf-8"
+                self.stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
     def flush(self) -> None:
         self.stream.flush()

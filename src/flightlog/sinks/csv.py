@@ -22,8 +22,8 @@ _SKIP = frozenset({"type", "run_id"})
 
 def _open_text(path: Path, mode: str) -> TextIO:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b", compresslevel=6), encoding="utf-8", newline="")  # type: ignore[arg-type]
-    return open(path, mode, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(path, mode + "b", compresslevel=6), encoding="utf-8", errors="backslashreplace", newline="")  # type: ignore[arg-type]
+    return open(path, mode, encoding="utf-8", errors="backslashreplace", newline="")  # (a lone surrogate: escaped)
 
 
 def _cell(value: Any) -> Any:
