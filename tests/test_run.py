@@ -390,3 +390,20 @@ class TestLogHandler:
         assert events[0]["message"] == "Loading dataset 'alpaca' (500 samples)..." and events[0]["source"] == f"test_run.py:{line}"
         assert events[0]["logger"] == "flightlog-test-handler" and events[0]["level"] == "INFO"
         assert len(events) == 2 and events[1]["level"] == "ERROR" and "ValueError: bad sample" in events[1]["message"]
+
+
+def test_event_and_record_steps_are_integers_or_refused(make_run):
+    """A step given to event()/record() is coerced like Run.log's (numpy ints, 0-d tensors);
+    a step that is no integer is refused by name instead of being written as text."""
+    np = pytest.importorskip("numpy")
+    run = make_run()
+    run.event("saved", step=np.int64(7))
+    run.record("checkpoint", step=np.int32(8), status="saved", path="ckpt-8")
+    with pytest.raises(TypeError, match="step must be an integer, got '9'"):
+        run.event("saved", step="9")
+    with pytest.raises(TypeError, match="step must be an integer"):
+        run.record("checkpoint", step=1.5, status="saved", path="x")
+    run.finish()
+    steps = [(r["type"], r["step"]) for r in read_stream(run.log_dir / "train.jsonl") if r["type"] in ("event", "checkpoint") and "step" in r]
+    assert ("event", 7) in steps and ("checkpoint", 8) in steps
+    assert all(type(step) is int for _, step in steps)

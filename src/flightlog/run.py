@@ -278,6 +278,8 @@ class Run:
     # ------------------------------------------------------------------ other records
     def record(self, type: str, step: int | None = None, epoch: float | None = None, **fields: Any) -> None:
         """Enqueue a record of any protocol type (used by integrations, rules, checkpoints)."""
+        if step is not None and step.__class__ is not int:  # (``type`` names the record type here)
+            step = self._coerce_step(step)
         self._put((type, _time(), step, epoch, snapshot_in_place(fields)))  # (keywords: a private dict)
 
     def event(self, message: str, level: str = "INFO", *, stacklevel: int = 1, **fields: Any) -> None:
@@ -288,7 +290,10 @@ class Run:
         if number < self._level:
             return
         fields.setdefault("source", _caller(stacklevel))
-        self._put((EVENT, _time(), fields.pop("step", None), fields.pop("epoch", None), {"level": str(level).upper(), "message": str(message), **fields}))
+        step = fields.pop("step", None)
+        if step is not None and type(step) is not int:
+            step = self._coerce_step(step)  # (a step that is no integer: refused by name, like Run.log's)
+        self._put((EVENT, _time(), step, fields.pop("epoch", None), {"level": str(level).upper(), "message": str(message), **fields}))
 
     def alert(
         self,
