@@ -110,6 +110,20 @@ def text_chunk(rng: random.Random, n: int):
     return out
 
 
+def new_run(tmp_path, **options):
+    import flightlog
+
+    return flightlog.init(output_dir=tmp_path, install_signal_handlers=False, **options)
+
+
+def finished_stream(run):
+    """finish() the run, check that no sink failed, and return the records as written
+    (json.loads: the protocol's "NaN"/"Infinity" strings stay strings)."""
+    run.finish()
+    assert run.writer.sink_failures == {}
+    return [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+
+
 def copy(chunk):
     return [(k, t, s, e, dict(f)) for k, t, s, e, f in chunk]
 
@@ -252,9 +266,7 @@ def chunk_as_metrics(chunk):
 def test_run_log_marks_only_plain_records(tmp_path):
     """What Run.log enqueues: PLAIN_METRICS for plain Python values, METRICS when a value
     needed a snapshot or a hook may have added anything; all reach the file as metrics."""
-    import flightlog
-
-    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, rules=False)
+    run = new_run(tmp_path, sinks=["jsonl"], rules=False)
     seen = []
     run.queue._items = _Spy(run.queue._items, seen)
     run._items = run.queue._items
@@ -263,9 +275,8 @@ def test_run_log_marks_only_plain_records(tmp_path):
     run.log({"loss": np.float32(0.5)}, step=2)
     run.on_log(lambda metrics, step: {"extra": 1.0})
     run.log({"loss": 0.25}, step=3)
-    run.finish()
+    records = finished_stream(run)
     assert seen == [PLAIN_METRICS, METRICS, METRICS]
-    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
     metrics = [r for r in records if r["type"] == METRICS]
     assert [(r["step"], r["loss"]) for r in metrics] == [(1, 1.0), (2, 0.5), (3, 0.25)]
     assert metrics[2]["extra"] == 1.0
@@ -296,14 +307,11 @@ def test_an_integer_beyond_the_float_range_is_refused_by_name(tmp_path):
     """sum() over 10**400 and a float raises OverflowError: that must not cost the chunk (it
     once lost run_start and every record beside it). The value is dropped with a message
     naming its key; a big integer within the float range is written as a float."""
-    import flightlog
-
-    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, rules=False)
+    run = new_run(tmp_path, sinks=["jsonl"], rules=False)
     run.log({"loss": 0.5, "huge": 10**400}, step=1)
     run.log({"loss": 0.25, "big": 10**30, "huge": -(10**400)}, step=2)
     run.log({"loss": 0.125, "nested": [1, 10**400]}, step=3)
-    run.finish()
-    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    records = finished_stream(run)
     assert records[0]["type"] == "run_start" and records[-1]["type"] == "run_end"
     metrics = [{k: v for k, v in r.items() if k not in ("type", "timestamp", "run_id")} for r in records if r["type"] == METRICS]
     assert metrics == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25, "big": 1e30}, {"step": 3, "loss": 0.125}]
@@ -317,18 +325,14 @@ def test_an_epoch_of_any_kind_never_costs_the_batch(tmp_path):
     """A numpy epoch once made the JSONL sink refuse the whole batch (run_start and every
     record beside it). Numbers of any kind are written as numbers, a non-finite one as the
     protocol's string; a non-number is dropped by name and the record kept."""
-    import flightlog
-
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
-    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl"], install_signal_handlers=False, rules=False)
+    run = new_run(tmp_path, sinks=["jsonl"], rules=False)
     epochs = [0.1, np.float32(0.25), torch.tensor(0.5), math.inf, "one", 2]
     for step, epoch in enumerate(epochs, start=1):
         run.log({"loss": 1.0 / step}, step=step, epoch=epoch)
     run.event("checkpoint saved", epoch=np.float64(1.5))
-    run.finish()
-    assert run.writer.sink_failures == {}
-    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    records = finished_stream(run)
     assert records[0]["type"] == "run_start"
     metrics = [r for r in records if r["type"] == METRICS]
     assert [r["step"] for r in metrics] == [1, 2, 3, 4, 5, 6]
@@ -350,15 +354,11 @@ def test_a_record_the_writer_cannot_finish_costs_only_itself():
 def test_a_key_the_encoder_cannot_write_is_written_as_text(tmp_path):
     """A tuple key once made the JSONL sink refuse the batch and finish() raise (run.json
     holds the summary): it is written as its str(); int keys stay as orjson writes them."""
-    import flightlog
-
-    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl", "csv"], install_signal_handlers=False)
+    run = new_run(tmp_path, sinks=["jsonl", "csv"])
     run.log({"loss": 0.5}, step=1)
     run.log({(1, 2): 0.25, "loss": 0.2, 3: 1.0}, step=2)
     run.log({"loss": 0.125}, step=3)
-    run.finish()
-    assert run.writer.sink_failures == {}
-    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    records = finished_stream(run)
     metrics = [r for r in records if r["type"] == METRICS]
     assert [r["loss"] for r in metrics] == [0.5, 0.2, 0.125]
     assert metrics[1]["(1, 2)"] == 0.25 and metrics[1]["3"] == 1.0
@@ -368,17 +368,13 @@ def test_a_key_the_encoder_cannot_write_is_written_as_text(tmp_path):
 def test_text_that_is_not_utf8_is_escaped_not_fatal(tmp_path, capsys):
     """A lone surrogate (a file name decoded with surrogateescape) once made every sink
     refuse the batch and finish() raise: it is written as its backslash escape."""
-    import flightlog
-
     name = b"ckpt-\xff.bin".decode("utf-8", "surrogateescape")
-    run = flightlog.init(output_dir=tmp_path, sinks=["jsonl", "csv", "console"], install_signal_handlers=False)
+    run = new_run(tmp_path, sinks=["jsonl", "csv", "console"])
     run.log({"loss": 0.5}, step=1)
     run.log({"loss": 0.25, "file": name, name: 1.0}, step=2)
     run.event(f"saved {name}", path=name)
     run.log({"loss": 0.125}, step=3)
-    run.finish()
-    assert run.writer.sink_failures == {}
-    records = [json.loads(line) for line in (run.log_dir / "train.jsonl").read_text().splitlines()]
+    records = finished_stream(run)
     metrics = [r for r in records if r["type"] == METRICS]
     assert [r["loss"] for r in metrics] == [0.5, 0.25, 0.125]
     assert metrics[1]["file"] == "ckpt-\\udcff.bin" and metrics[1]["ckpt-\\udcff.bin"] == 1.0

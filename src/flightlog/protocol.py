@@ -163,6 +163,12 @@ def clean_text(text: str) -> str:
     return text
 
 
+def _json_key(key: Any) -> Any:
+    if type(key) is str:
+        return clean_text(key)
+    return key if type(key) in _JSON_KEY_TYPES else clean_text(str(key))
+
+
 def make_finite(value: Any) -> Any:
     """Replace non-finite floats (also nested in dicts and lists) by protocol strings,
     integers beyond 64 bits (which the encoder refuses) by floats (beyond the float range:
@@ -180,7 +186,7 @@ def make_finite(value: Any) -> Any:
         except OverflowError:
             return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, dict):
-        return {(clean_text(k) if type(k) is str else k if type(k) in _JSON_KEY_TYPES else clean_text(str(k))): make_finite(v) for k, v in value.items()}
+        return {_json_key(k): make_finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [make_finite(v) for v in value]
     return value

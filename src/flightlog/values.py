@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 # Types that need no snapshot and no resolution beyond the non-finite check.
 PLAIN_TYPES = frozenset({float, int, bool, str, type(None)})
@@ -58,10 +58,9 @@ class SharedVector:
 
     def snapshot(self) -> None:
         # flightlog's own fresh tensors: no one updates them in place, so CPU ones need no copy.
-        if self.pending is None:
+        if self.pending is None:  # (a list of 0-d CPU norms was captured in __init__)
             source = self.tensor
-            on_device = not isinstance(source, (list, tuple)) and source.is_cuda
-            self.pending = snapshot_value(source) if on_device else source
+            self.pending = snapshot_value(source) if source.is_cuda else source
 
     def resolve(self) -> list[float]:
         if self.values is None:
@@ -228,14 +227,21 @@ def resolve_value(value: Any, key: str) -> Any:
 _NUMBER_TYPES = frozenset({float, int, bool})
 
 
+def finite_sum(values: Iterable[Any]) -> bool:
+    """Whether values known to be plain scalars are all finite numbers, with one C-level
+    ``sum``: its result is finite exactly when every summand is; a str or None makes it
+    raise, and so does an integer beyond the float range among floats (both answer False)."""
+    try:
+        total = sum(values)
+    except (TypeError, OverflowError):
+        return False
+    return total - total == 0
+
+
 def finite_numbers(values: Collection[Any]) -> bool:
     """Whether every value (a list, or a dict's values: read twice) is a finite
-    int/float/bool, with C-level calls only: ``map(type, ...)`` and ``sum``, whose result
-    is finite exactly when every summand is (barring overflow, which answers False)."""
-    try:
-        return _NUMBER_TYPES.issuperset(map(type, values)) and (total := sum(values)) - total == 0
-    except OverflowError:  # an integer beyond the float range among floats
-        return False
+    int/float/bool, with C-level calls only: ``map(type, ...)`` and :func:`finite_sum`."""
+    return _NUMBER_TYPES.issuperset(map(type, values)) and finite_sum(values)
 
 
 # Integers are written as JSON numbers; beyond the float range no reader can hold one

@@ -25,7 +25,7 @@ from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.protocol import EVENT, METRICS, NONFINITE_STRINGS, format_timestamp
 from flightlog.sinks.base import Sink
-from flightlog.values import _NUMBER_TYPES, finite_numbers, resolve_record, resolve_value
+from flightlog.values import _NUMBER_TYPES, finite_numbers, finite_sum, resolve_record, resolve_value
 
 # Records finished per pass (a pass of 128 plain records takes ~0.3 ms here; twice that
 # many saved only 0.3% more per record). Left to itself CPython only takes the GIL from a
@@ -58,22 +58,9 @@ def _scalar_text_keys(dicts: Sequence[dict[str, Any]]) -> set[Any] | None:
         numbers = list(compress(values, map(_NUMBER_TYPES.__contains__, types)))
     else:
         return None
-    try:
-        if (total := sum(numbers)) - total != 0:
-            return None  # NaN or infinity somewhere: written as protocol strings, one by one
-    except OverflowError:  # an integer beyond the float range: refused record by record
-        return None
+    if not finite_sum(numbers):
+        return None  # NaN or infinity (protocol strings), or an integer beyond the float range: one by one
     return text_keys
-
-
-def _finite_sum(values: Iterable[Any]) -> bool:
-    """Whether values already known to be plain scalars are all finite numbers: their sum
-    is finite (a str or None makes ``sum`` raise)."""
-    try:
-        total = sum(values)
-    except (TypeError, OverflowError):  # text or None; an integer beyond the float range
-        return False
-    return total - total == 0
 
 
 class Writer:
@@ -246,10 +233,11 @@ class Writer:
             with_epoch = True
         else:
             return None  # an epoch on some records only, or one that is not a finite number
-        if checked == n and _finite_sum(_flatten(map(dict.values, fields))):
-            text_keys: set[Any] | None = _NO_KEYS  # the usual chunk: finite numbers, types checked by Run.log
-        elif checked != n and finite_numbers(list(_flatten(map(dict.values, fields)))):
-            text_keys = _NO_KEYS
+        values = _flatten(map(dict.values, fields))
+        # The usual chunk: finite numbers only (their types already checked by Run.log when
+        # every item says so).
+        if finite_sum(values) if checked == n else finite_numbers(list(values)):
+            text_keys: set[Any] | None = _NO_KEYS
         else:
             text_keys = _scalar_text_keys(fields)
         if text_keys is None:  # tensors, numpy numbers...: resolve them in place, then look again
@@ -321,17 +309,11 @@ class Writer:
         problems: list[str] = []
         observed: list[Record] = []  # metrics records for the summary, in order
         plain_chain = not self.processors and not self.observers
-        numbers = _NUMBER_TYPES
         for kind, t, step, epoch, fields in items:
             if kind == PLAIN_METRICS:
                 kind = METRICS
-            values = fields.values()
-            try:
-                plain = numbers.issuperset(map(type, values)) and (total := sum(values)) - total == 0
-            except OverflowError:  # an integer beyond the float range: resolve_record refuses it
-                plain = False
-            if plain:
-                has_text = False  # finite numbers only: nothing to resolve (inlined fast path)
+            if finite_numbers(fields.values()):
+                has_text = False  # finite numbers only: nothing to resolve
             else:
                 has_text = resolve_record(fields, problems)
                 if problems:
