@@ -1,10 +1,12 @@
 """Step-time overhead of flightlog with every collector on, in a real CPU training loop.
 
-    .venv/bin/python bench/collectors_overhead.py [--runs 3] [--pairs 100] [--block 20]
+    .venv/bin/python bench/collectors_overhead.py [--runs 3] [--pairs 100] [--block 20] [--model mlp|llama]
 
 (The script pins MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_ as
 shared/BENCHMARKING.md asks, re-executing itself if they are not set.)
 
+Two loops (``--model``): ``mlp``, a 2-3 ms step where flightlog's fixed per-step and
+per-record costs weigh most, and ``llama``, a small LoRA LLaMA (see :func:`build_loop`).
 One process per run. Inside it, blocks of ``--block`` steps of the same model alternate
 between the bare loop ("off") and the loop under flightlog ("on": StepTimer + all
 Collectors — step/data time, throughput, lr, stage, precision, fused adapter/backbone
@@ -28,55 +30,95 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TRIM_THRESHOLD_": "268435456", "MALLOC_TOP_PAD_": "67108864"}
 LOGGING_STEPS = 10
 
 
-def one_run(pairs: int, block: int, control: bool, components: bool = False, without: frozenset[str] = frozenset()) -> dict[str, float]:
+def build_loop(model_kind: str):
+    """The model, optimizer, scheduler, batch source and step function of a training loop:
+    ``mlp``, an embedding + MLP with a LoRA-style layer (~2-3 ms steps: the stress case,
+    where flightlog's per-step cost weighs most), or ``llama``, a small LLaMA built from a
+    config (2 layers, hidden 128, 2k vocabulary) with a peft LoRA adapter on q/v and a
+    frozen backbone, causal-LM loss on 4 x 64 tokens (the issue's kind of fine-tuning,
+    ~15-30 ms steps here)."""
     import torch
     from torch import nn
 
-    import flightlog
-    from flightlog.collect import Collectors, StepTimer
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if model_kind == "llama":
+        import peft
+        import transformers
 
-    class LoRALinear(nn.Module):
-        def __init__(self, n: int, rank: int = 8) -> None:
-            super().__init__()
-            self.base = nn.Linear(n, n)
-            self.lora_A = nn.Linear(n, rank, bias=False)
-            self.lora_B = nn.Linear(rank, n, bias=False)
+        transformers.logging.set_verbosity_error()
+        vocab, context, batch = 2048, 64, 4
+        config = transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=context,
+        )
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+        model = peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+        params = [p for p in model.parameters() if p.requires_grad]
+        data = torch.randint(0, vocab, (200_000,))
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.base(x) + self.lora_B(self.lora_A(x))
+        def batches(n: int):
+            starts = torch.randint(0, len(data) - context, (n, batch))
+            for row in starts:
+                yield data[row.unsqueeze(1) + torch.arange(context)], None
 
-    vocab, context, batch = 64, 8, 64
-    model = nn.Sequential(
-        nn.Embedding(vocab, 16), nn.Flatten(), nn.Linear(16 * context, 128), nn.GELU(),
-        LoRALinear(128), nn.GELU(), nn.Linear(128, vocab),
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        def loss_of(x: torch.Tensor, y: Any) -> torch.Tensor:
+            return model(input_ids=x, labels=x).loss
+    else:
+        class LoRALinear(nn.Module):
+            def __init__(self, n: int, rank: int = 8) -> None:
+                super().__init__()
+                self.base = nn.Linear(n, n)
+                self.lora_A = nn.Linear(n, rank, bias=False)
+                self.lora_B = nn.Linear(rank, n, bias=False)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.base(x) + self.lora_B(self.lora_A(x))
+
+        vocab, context, batch = 64, 8, 64
+        model = nn.Sequential(
+            nn.Embedding(vocab, 16), nn.Flatten(), nn.Linear(16 * context, 128), nn.GELU(),
+            LoRALinear(128), nn.GELU(), nn.Linear(128, vocab),
+        )
+        params = list(model.parameters())
+        loss_fn = nn.CrossEntropyLoss()
+        data = torch.randint(0, vocab, (200_000,))
+
+        def batches(n: int):
+            starts = torch.randint(0, len(data) - context - 1, (n, batch))
+            for row in starts:
+                idx = row.unsqueeze(1) + torch.arange(context)
+                yield data[idx], data[row + context]
+
+        def loss_of(x: torch.Tensor, y: Any) -> torch.Tensor:
+            return loss_fn(model(x), y)
+
+    opt = torch.optim.AdamW(params, lr=1e-3)
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=500)
-    loss_fn = nn.CrossEntropyLoss()
-    data = torch.randint(0, vocab, (200_000,))
 
-    def batches(n: int):
-        starts = torch.randint(0, len(data) - context - 1, (n, batch))
-        for row in starts:
-            idx = row.unsqueeze(1) + torch.arange(context)
-            yield data[idx], data[row + context]
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = loss_fn(model(x), y)
+    def train_step(x: torch.Tensor, y: Any) -> torch.Tensor:
+        loss = loss_of(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         return loss
+
+    return model, opt, sched, batches, train_step, batch, batch * context
+
+
+def one_run(pairs: int, block: int, control: bool, components: bool = False, without: frozenset[str] = frozenset(), model_kind: str = "mlp") -> dict[str, float]:
+    import flightlog
+    from flightlog.collect import Collectors, StepTimer
+
+    model, opt, sched, batches, train_step, batch, tokens = build_loop(model_kind)
 
     def block_off() -> tuple[float, float]:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -89,7 +131,7 @@ def one_run(pairs: int, block: int, control: bool, components: bool = False, wit
     collectors = None if "collectors" in without else Collectors(
         model=model, optimizer=opt, scheduler=sched, grad_norms="grads" not in without, system="system" not in without
     )
-    timer = StepTimer(run, collectors=collectors, batch_size=batch, tokens_per_step=batch * context)
+    timer = StepTimer(run, collectors=collectors, batch_size=batch, tokens_per_step=tokens)
 
     def block_on() -> tuple[float, float]:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -185,25 +227,26 @@ def main() -> int:
     parser.add_argument("--block", type=int, default=20)
     parser.add_argument("--without", default="", help="comma list of parts to leave out of 'on': grads, system, collectors (to see what costs what)")
     parser.add_argument("--no-control", action="store_true", help="skip the control runs")
+    parser.add_argument("--model", choices=["mlp", "llama"], default="mlp", help="mlp: the 2-3 ms stress loop; llama: a small LoRA LLaMA (needs the hf extra)")
     parser.add_argument("--child", choices=["on", "control", "components"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in MALLOC.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
     if args.child:
         without = frozenset(w for w in args.without.split(",") if w)
-        print(json.dumps(one_run(args.pairs, args.block, args.child == "control", args.child == "components", without)))
+        print(json.dumps(one_run(args.pairs, args.block, args.child == "control", args.child == "components", without, args.model)))
         return 0
 
     results: dict[str, list[dict[str, float]]] = {"on": [], "control": []}
     for _ in range(args.runs):
         for kind in ("on",) if args.no_control else ("control", "on"):
             out = subprocess.run(
-                [sys.executable, __file__, "--child", kind, "--pairs", str(args.pairs), "--block", str(args.block), "--without", args.without],
+                [sys.executable, __file__, "--child", kind, "--pairs", str(args.pairs), "--block", str(args.block), "--without", args.without, "--model", args.model],
                 capture_output=True, text=True, check=True,
             )
             results[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
 
-    out = subprocess.run([sys.executable, __file__, "--child", "components", "--block", str(args.block)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, __file__, "--child", "components", "--block", str(args.block), "--model", args.model], capture_output=True, text=True, check=True)
     parts = json.loads(out.stdout.strip().splitlines()[-1])
 
     import torch
@@ -211,7 +254,7 @@ def main() -> int:
     import flightlog
 
     print(f"flightlog {flightlog.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, {args.runs} runs x {args.pairs} pairs x {args.block} steps, record every {LOGGING_STEPS} steps")
+          f"{os.cpu_count()} CPUs, {args.model} loop, {args.runs} runs x {args.pairs} pairs x {args.block} steps, record every {LOGGING_STEPS} steps")
     print()
     print("| loop | step time (off) | wall-time overhead per run (median of pairs) | median of runs | CPU-time overhead, median of runs |")
     print("|---|---:|---|---:|---:|")

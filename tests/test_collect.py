@@ -117,6 +117,28 @@ class TestGradNorms:
         assert set(GradNorms(plain.named_parameters()).compute()) == {"grad_norm"}
         assert GradNorms(nn.Linear(2, 2).named_parameters()).compute() == {}
 
+    def test_a_chunk_of_records_reads_its_norms_together(self) -> None:
+        """The writer reads many records' CPU norm vectors with one stack: the same numbers
+        as one .item() each, a vector met twice read once, a lone vector left alone."""
+        from flightlog.values import resolve_together
+
+        torch.manual_seed(4)
+        model = nn.Sequential(LoRALinear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+        norms = GradNorms(model.named_parameters())
+        vectors = []
+        for frozen in (False, True, False):
+            model.zero_grad(set_to_none=True)
+            model[2].requires_grad_(not frozen)
+            model(torch.randn(3, 6)).pow(2).sum().backward()
+            vectors.append(norms.capture()[0])
+        expected = [[t.item() for t in v.pending] for v in vectors]
+        assert len(expected[1]) == len(expected[0]) - 2  # the frozen layer's two gradients are absent
+        resolve_together([vectors[0], vectors[1], vectors[0], vectors[2]])
+        assert [v.values for v in vectors] == expected
+        lone = norms.capture()[0]
+        resolve_together([lone, vectors[0]])  # one vector left to read: nothing gained, nothing done
+        assert lone.values is None and lone.resolve() == [t.item() for t in lone.pending]
+
     def test_bad_patterns(self) -> None:
         with pytest.raises(ValueError, match="adapter_patterns"):
             GradNorms(nn.Linear(2, 2).named_parameters(), adapter_patterns="lora_")
@@ -251,6 +273,82 @@ class TestStepTimer:
         recs = records(run)
         assert [r["grad_scaler_scale"] for r in recs] == [1024.0, 1024.0]
         assert recs[0]["precision"] == "fp16" and "cpu_percent" not in recs[0]
+
+    def test_records_built_on_the_writer_equal_those_built_in_the_loop(self, tmp_path: Path) -> None:
+        """A plain run's StepTimer records are put together on the writer thread; a run with
+        an on_log hook gets them whole on the training thread. Both read the same: same
+        keys in the same order, same values but for the measured times."""
+
+        def train(run: flightlog.Run) -> list[dict[str, Any]]:
+            torch.manual_seed(3)
+            model = nn.Sequential(LoRALinear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=6)
+            timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, scheduler=sched, system=False), batch_size=4, tokens_per_step=32, start_step=2)
+            for _ in range(10):
+                with timer.step() as step:
+                    loss = model(torch.randn(4, 8)).pow(2).mean()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    step.log(loss=loss, epoch=timer.step_count / 4)
+            run.finish()
+            return records(run)
+
+        seen: list[dict[str, Any]] = []
+        built_here = make_run(tmp_path / "hook", logging_steps=3)
+        built_here.on_log(lambda metrics, step: seen.append(dict(metrics)))
+        on_writer, in_loop = train(make_run(tmp_path / "plain", logging_steps=3)), train(built_here)
+        assert [r["step"] for r in on_writer] == [3, 6, 9, 12]  # start_step=2: steps 3..12
+        assert [list(r) for r in on_writer] == [list(r) for r in in_loop]
+        measured = {"timestamp", "step_time_s", "data_time_s", "throughput_samples_per_sec", "throughput_tokens_per_sec"}
+        for a, b in zip(on_writer, in_loop):
+            assert {k: v for k, v in a.items() if k not in measured | {"run_id"}} == {k: v for k, v in b.items() if k not in measured | {"run_id"}}
+            assert a["grad_norm_adapter"] > 0 and a["stage"] in ("warmup", "stable") and a["precision"] == "fp32"
+        assert [sorted(m) for m in seen] == [sorted(k for k in r if k not in ("type", "timestamp", "run_id", "step", "epoch")) for r in in_loop]
+
+    def test_step_count_can_be_set(self, tmp_path: Path) -> None:
+        """Setting step_count (a resumed loop) moves the next logging step with it."""
+        run = make_run(tmp_path, logging_steps=5)
+        timer = StepTimer(run)
+        timer.step_count = 12
+        assert not timer.next_is_logged
+        for i in range(8):
+            assert timer.next_is_logged is ((timer.step_count + 1) % 5 == 0)
+            with timer.step() as step:
+                time.sleep(0.01)
+                step.log(loss=float(i))
+        run.finish()
+        recs = records(run)
+        assert [(r["step"], r["loss"]) for r in recs] == [(15, 2.0), (20, 7.0)]
+        assert 0.009 <= recs[0]["step_time_s"] < 0.5  # averaged over the 3 steps run, not 15
+        with pytest.raises(ValueError, match="step_count"):
+            timer.step_count = -1
+
+    def test_a_record_that_cannot_be_built_keeps_the_logged_metrics(self, tmp_path: Path) -> None:
+        """A builder failing on the writer thread costs the fields it adds, never the loop's
+        own metrics or the other records; the failure is reported."""
+
+        class Broken:
+            @staticmethod
+            def build_many(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+                out = []
+                for metrics, fail in args:
+                    if fail:
+                        raise ValueError("no window")
+                    out.append({**metrics, "extra": 1.0})
+                return out
+
+        run = make_run(tmp_path)
+        run._log_built(Broken(), ({"loss": torch.tensor(0.5)}, False), 1, None)
+        run._log_built(Broken(), ({"loss": 0.25}, True), 2, None)
+        run._log_built(Broken(), ({"loss": 0.125}, False), 3, None)
+        run.finish()
+        assert [{k: r[k] for k in r if k in ("step", "loss", "extra")} for r in records(run)] == [
+            {"step": 1, "loss": 0.5, "extra": 1.0}, {"step": 2, "loss": 0.25}, {"step": 3, "loss": 0.125, "extra": 1.0},
+        ]
+        assert any("could not put together a metrics record (ValueError: no window)" in e["message"] for e in records(run, "event"))
 
     def test_bad_arguments_are_named(self, tmp_path: Path) -> None:
         run = make_run(tmp_path)

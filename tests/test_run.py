@@ -355,14 +355,16 @@ class TestValuesEndToEnd:
             pass
 
         run = make_run()
-        run.log({"loss": 1.0, "weird": Opaque(), "big": torch.zeros(1000)}, step=1)
+        # (a torch object that is no tensor, torch.Size, used to raise inside log())
+        run.log({"loss": 1.0, "weird": Opaque(), "big": torch.zeros(1000), "shape": torch.Size([2, 3])}, step=1)
         run.finish()
         record = metrics_of(run)[0]
-        assert record["loss"] == 1.0 and "weird" not in record and "big" not in record
+        assert record["loss"] == 1.0 and "weird" not in record and "big" not in record and "shape" not in record
         messages = [r["message"] for r in read_stream(run.log_dir / "train.jsonl") if r["type"] == "event"]
         assert any("metric 'weird': values of type" in m and "Opaque" in m for m in messages)
         assert any("metric 'big': tensor of shape (1000,) is too large" in m for m in messages)
-        assert run.writer.rejected_values == 2
+        assert any("metric 'shape': values of type torch.Size cannot be logged" in m for m in messages)
+        assert run.writer.rejected_values == 3
 
 
 class TestLogHandler:

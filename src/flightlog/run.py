@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 
 from flightlog.config import Config, ConfigError, build_config
 from flightlog.pipeline.processors import Processor
-from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
+from flightlog.pipeline.queue import BUILT_METRICS, PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.pipeline.writer import Writer
 from flightlog.protocol import (
@@ -233,6 +233,22 @@ class Run:
         if len(items) >= self._maxsize and not self._make_room():
             return
         items.append((kind, _time(), step, epoch, data))
+
+    def _log_built(self, builder: Any, args: tuple[Any, ...], step: int, epoch: float | None) -> None:
+        """A metrics record the writer thread puts together from ``args`` (StepTimer's: see
+        :data:`flightlog.pipeline.queue.BUILT_METRICS`): kept or thinned as ``log`` would,
+        the loop's own metrics (``args[0]``, a dict of flightlog's) snapshotted here, the
+        rest already captured by the caller. Not for a run with ``on_log`` hooks: they see
+        whole records on this thread."""
+        self._next_step = step + 1
+        metrics = args[0]
+        if self._thinning and not self._keep(step, epoch, metrics):
+            return
+        snapshot_in_place(metrics)
+        items = self._items
+        if len(items) >= self._maxsize and not self._make_room():
+            return
+        items.append((BUILT_METRICS, _time(), step, epoch, (builder, args)))
 
     def _make_room(self) -> bool:
         """The queue is full, or the run is finished (maxsize -1): apply the policy."""

@@ -83,6 +83,27 @@ class SharedVector:
         return source
 
 
+def resolve_together(vectors: list[SharedVector]) -> None:
+    """Resolve the vectors of 0-d CPU tensors among ``vectors`` with one ``stack`` and one
+    read (writer thread): each ``.item()`` lets go of the GIL and must win it back from
+    the training thread, so a chunk of records reads its gradient norms in one go rather
+    than one number at a time. Vectors it cannot take are left to :meth:`SharedVector.resolve`."""
+    todo = list({id(v): v for v in vectors if v.values is None and type(v.pending) in (list, tuple)}.values())
+    if len(todo) < 2:
+        return
+    import torch
+
+    try:
+        flat = torch.stack([t for v in todo for t in v.pending]).tolist()
+    except (RuntimeError, TypeError):  # mixed dtypes or devices: one by one, as usual
+        return
+    start = 0
+    for vector in todo:
+        end = start + len(vector.pending)
+        vector.values = flat[start:end]
+        start = end
+
+
 class Derived:
     """A number the writer thread computes from a :class:`SharedVector`: the training
     thread hands over one vector, and the arithmetic that turns it into metrics (the
@@ -138,10 +159,26 @@ class _Scaled:
         return f"{self.own!r} scaled to {self.target:g} / {self.total!r}"
 
 
+# Tensor classes met so far (torch.Tensor, nn.Parameter, subclasses): a set lookup, as a
+# class's __module__ costs microseconds on the training thread's cold caches.
+_TENSOR_TYPES: set[type] = set()
+
+
+def is_tensor_type(kind: type) -> bool:
+    """Whether ``kind`` is a torch tensor class (without importing torch)."""
+    if kind in _TENSOR_TYPES:
+        return True
+    torch = sys.modules.get("torch") if kind.__module__.startswith("torch") else None
+    if torch is not None and issubclass(kind, torch.Tensor):
+        _TENSOR_TYPES.add(kind)
+        return True
+    return False
+
+
 def snapshot_value(value: Any) -> Any:
     """Called on the training thread for a non-plain value: capture it without syncing."""
-    module = type(value).__module__
-    if module.startswith("torch"):
+    kind = type(value)
+    if kind in _TENSOR_TYPES or is_tensor_type(kind):
         if value.is_cuda:
             import torch
 
@@ -151,10 +188,11 @@ def snapshot_value(value: Any) -> Any:
             return PendingTensor(host, event)
         # A CPU tensor: there is no device to wait for, so read it now. A later in-place
         # update (an accumulator zeroed after logging) must not change what was logged.
-        if value.numel() == 1:
-            return value.item()
-        return PendingTensor(value.detach().clone(), None)
-    if type(value) is Derived:
+        try:
+            return value.item()  # one element (the common case: a loss)
+        except (RuntimeError, ValueError):  # more (or none): a private copy
+            return PendingTensor(value.detach().clone(), None)
+    if kind is Derived:
         value.source.snapshot()
     return value
 
@@ -210,7 +248,7 @@ def resolve_value(value: Any, key: str) -> Any:
             f"metric {key!r}: numpy array of shape {tuple(value.shape)} is too large to log as a value "
             "(log a scalar or a summary such as its mean)"
         )
-    if module.startswith("torch"):
+    if is_tensor_type(kind):
         return resolve_value(snapshot_value(value), key)
     if isinstance(value, float):  # float subclasses
         return resolve_value(float(value), key)

@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from flightlog.collect.grads import ADAPTER_PATTERNS, GradNorms
 from flightlog.collect.optim import learning_rate, stage, warmup_steps_of
+from flightlog.values import SharedVector, snapshot_value
+
+# What Collectors.capture reads on the training thread: learning rate, GradScaler scale,
+# (per-gradient norms, how many are adapters'), GPU memory counters.
+Captured = tuple[Any, Any, "tuple[SharedVector, int] | None", "dict[str, float] | None"]
 
 if TYPE_CHECKING:
     from flightlog.run import Run
@@ -69,7 +74,7 @@ class Collectors:
         self.system_interval_s = float(system_interval_s)
         self.run: "Run | None" = None
         self._armed = False
-        self._pending: dict[str, Any] | None = None
+        self._pending: tuple[SharedVector, int] | None = None
         self._hook: Any = None
         self._last_summary = 0
         if self.grads is not None and optimizer is not None:
@@ -106,39 +111,68 @@ class Collectors:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._armed:
             self._armed = False
-            self.capture_grads()
+            self._pending = self.grads.capture()  # type: ignore[union-attr]  (the hook exists only with grads)
 
     def capture_grads(self) -> None:
         """Compute the gradient norms now (after backward, before zero_grad); used by the next ``collect``."""
         if self.grads is not None:
-            self._pending = self.grads.compute()
+            self._pending = self.grads.capture()
 
     # ------------------------------------------------------------------ collect
     def collect(self, step: int) -> dict[str, Any]:
         """Metrics for the record of ``step`` (training thread; cheap; tensors left unresolved)."""
         out: dict[str, Any] = {}
+        self.fill(out, step, self.capture(step, snapshot=False))
+        return out
+
+    def capture(self, step: int, snapshot: bool = True) -> Captured:
+        """The training thread's part of a record: what must be read at this step (the
+        learning rate, the scaler's scale, the gradient norms, GPU memory), with device
+        tensors' host copies started (``snapshot``), so that :meth:`fill` can build the
+        metrics later, on the writer thread."""
+        lr = scale = memory = None
         if self.optimizer is not None:
-            out["learning_rate"] = learning_rate(self.optimizer)
-        current = stage(step, self.warmup_steps)
-        if current is not None:
-            out["stage"] = current
-        if self.precision is not None:
-            out["precision"] = self.precision
+            lr = learning_rate(self.optimizer)
+            if snapshot and type(lr) is not float:
+                lr = snapshot_value(lr)
         if self.scaler is not None:
             from flightlog.collect.device import scaler_scale
 
             scale = scaler_scale(self.scaler)
-            if scale is not None:
-                out["grad_scaler_scale"] = scale
+            if snapshot and scale is not None:
+                scale = snapshot_value(scale)
+        norms = None
         if self.grads is not None:
-            pending, self._pending = self._pending, None
-            if pending is None:  # no hook ran (no optimizer given, or the scaler skipped the step)
-                pending = self.grads.compute()
-            out.update(pending)
+            norms, self._pending = self._pending, None
+            if norms is None:  # no hook ran (no optimizer given, or the scaler skipped the step)
+                norms = self.grads.capture()
+            if snapshot and norms is not None:
+                norms[0].snapshot()
         self._armed = False
         if self.memory is not None:
-            out.update(self.memory.read())
+            memory = self.memory.read()
             if self.memory_summary_steps and step - self._last_summary >= self.memory_summary_steps and self.run is not None:
                 self._last_summary = step
                 self.run.event(self.memory.summary(), level="INFO", source="flightlog/collect", step=step, kind="memory_summary")
-        return out
+        return lr, scale, norms, memory
+
+    def fill(self, metrics: dict[str, Any], step: int, captured: Captured) -> None:
+        """Add the metrics of a :meth:`capture` to ``metrics`` where it does not have them
+        (a value the loop logged itself wins). Pure arithmetic and formatting: for a
+        StepTimer record it runs on the writer thread."""
+        lr, scale, norms, memory = captured
+        if lr is not None:
+            metrics.setdefault("learning_rate", lr)
+        current = stage(step, self.warmup_steps)
+        if current is not None:
+            metrics.setdefault("stage", current)
+        if self.precision is not None:
+            metrics.setdefault("precision", self.precision)
+        if scale is not None:
+            metrics.setdefault("grad_scaler_scale", scale)
+        if self.grads is not None:
+            for key, value in self.grads.derive(norms).items():
+                metrics.setdefault(key, value)
+        if memory is not None:
+            for key, value in memory.items():
+                metrics.setdefault(key, value)

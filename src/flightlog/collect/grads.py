@@ -11,12 +11,18 @@ so the training thread never waits for the device.
 from __future__ import annotations
 
 import math
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Any, Iterable, Sequence
 
 from flightlog.values import Derived, SharedVector
 
 # Substrings of parameter names that belong to an adapter (peft LoRA, IA3, VeRA, adapters).
 ADAPTER_PATTERNS: tuple[str, ...] = ("lora_", "ia3_", "vera_", "adapter")
+
+_GRAD = attrgetter("grad")
+_IS_CPU = attrgetter("is_cpu")
+_NONES = repeat(None)  # (an endless operand for map(is_not, grads, _NONES))
 
 
 class GradNorms:
@@ -47,31 +53,46 @@ class GradNorms:
         self.params = [params[i] for i in order]
         self.is_adapter = [is_adapter[i] for i in order]
         self.has_adapter = any(is_adapter)
+        self.adapters = sum(is_adapter)
 
     def compute(self) -> dict[str, Any]:
         """The norms, as values the writer thread derives from one vector of per-gradient
-        norms (empty dict if no gradient).
+        norms (empty dict if no gradient): :meth:`derive` of :meth:`capture`.
 
-        The training thread launches two kernels (one fused norm over all gradients per
-        device, one stack) and copies nothing to the device, so this is safe under
+        ``float(value)`` reads one on the spot.
+        """
+        return self.derive(self.capture())
+
+    def capture(self) -> tuple[SharedVector, int] | None:
+        """The per-gradient norms (adapters first) and how many of them are adapters'; None
+        if no parameter has a gradient. The training thread's part: this runs in the
+        optimizer's pre-step hook, with every cache cold, so the common case (every
+        gradient present, all on the CPU) is decided by C-level passes only.
+
+        The training thread launches one fused norm kernel per device (plus one stack off
+        the CPU) and copies nothing to the device, so this is safe under
         ``torch.cuda.set_sync_debug_mode("error")``; the square roots of the group sums
-        are the writer's arithmetic (float64, on the host). ``float(value)`` reads one
-        on the spot.
+        are the writer's arithmetic (float64, on the host).
         """
         import torch
 
-        grads: list[Any] = []
-        adapters = 0
-        for param, is_adapter in zip(self.params, self.is_adapter):
-            grad = param.grad
-            if grad is not None:
-                grads.append(grad)
-                adapters += is_adapter
-        if not grads:
-            return {}
+        grads = list(map(_GRAD, self.params))
+        if all(map(is_not, grads, _NONES)):
+            adapters = self.adapters
+        else:  # some parameters have no gradient (frozen, or unused this step)
+            adapters = sum(compress(self.is_adapter, map(is_not, grads, _NONES)))
+            grads = [g for g in grads if g is not None]
+            if not grads:
+                return None
         # (No no_grad() block: gradients do not require grad, so no graph is built; each
         # kernel launch avoided counts at this size, see docs/benchmarks.md.)
-        norms = SharedVector(_per_tensor_norms(torch, grads))
+        return SharedVector(_per_tensor_norms(torch, grads)), adapters
+
+    def derive(self, captured: tuple[SharedVector, int] | None) -> dict[str, Any]:
+        """The metrics of a :meth:`capture` (the writer thread calls this for StepTimer's records)."""
+        if captured is None:
+            return {}
+        norms, adapters = captured
         total = Derived(norms, _Slice(0, None))
         if not self.has_adapter:
             return {"grad_norm": total}
@@ -103,14 +124,15 @@ class _Slice:
 
 
 def _per_tensor_norms(torch: Any, grads: list[Any]) -> Any:
-    """The L2 norm of each gradient, fused per device (model parallel spreads them): one
-    float32 vector on the first gradient's device, gathered without a host round trip
-    (a device's norms then travel to the host in one copy); on the CPU, where there is no
-    copy to save, the list of 0-d norms as it is (one kernel launch fewer)."""
+    """The L2 norm of each gradient, fused per device (model parallel spreads them): on the
+    CPU, where there is no copy to save, the list of 0-d norms as it is (one kernel launch
+    fewer); else one float32 vector on the first gradient's device, gathered without a host
+    round trip (a device's norms then travel to the host in one copy)."""
+    if all(map(_IS_CPU, grads)):
+        return torch._foreach_norm(grads, 2.0, dtype=torch.float32)
     first = grads[0].device
     if all(g.device == first for g in grads):
-        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
-        return norms if first.type == "cpu" else torch.stack(norms)
+        return torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
     norms = [None] * len(grads)
     by_device: dict[Any, list[int]] = {}
     for i, g in enumerate(grads):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from flightlog.values import resolve_together
+
 if TYPE_CHECKING:
     from flightlog.collect.collectors import Collectors
     from flightlog.run import Run
@@ -73,7 +75,15 @@ def _nonzero(value: Any) -> bool:
 
 
 class StepTimer:
-    """Times the steps of a plain training loop and emits a metrics record every ``logging_steps``."""
+    """Times the steps of a plain training loop and emits a metrics record every ``logging_steps``.
+
+    The training thread pays, on a plain step, the step context's two clock reads and a
+    few slot updates on one object; on a logging step it reads what must be read then
+    (the loss, the learning rate, the gradient norms' vector) and hands it over; the
+    record itself (the window's averages, the stage, the derived norms) is put together
+    on the writer thread (:meth:`flightlog.Run._log_built`), or here when the run has
+    ``on_log`` hooks or reduces across ranks (they need the whole record at once).
+    """
 
     def __init__(
         self,
@@ -102,20 +112,38 @@ class StepTimer:
             )
         self.batch_size = batch_size
         self.tokens_per_step = tokens_per_step
-        self.step_count = start_step  # completed steps
-        # The window since the last record, kept as running totals that a step adds to
-        # with two attribute updates (the averages are worked out at a logging step):
+        # The window since the last record: the step context keeps the running totals (the
+        # averages are worked out for the record); steps that named their own sizes here.
         self._window_start = start_step
-        self._busy_s = 0.0  # inside step contexts
-        self._data_s = 0.0  # waiting for data (timer.data(), timer.waiting())
-        self._overridden = 0  # steps given their own samples/tokens, and those sizes
+        self._overridden = 0
         self._samples: Any = 0
         self._tokens: Any = 0
-        self._context = _Step(self)
+        self._context = _Step(self, start_step)
+        from flightlog.run import Run
+
+        # A plain Run takes records the writer thread puts together; a subclass (a
+        # distributed run reduces the record across ranks) gets whole ones.
+        self._builds_on_writer = type(run) is Run
+
+    @property
+    def step_count(self) -> int:
+        """Completed steps (``start_step`` plus the steps run since)."""
+        return self._context.step_count
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        """Continue from ``value`` completed steps (a resumed loop): the window starts over."""
+        if type(value) is not int or value < 0:
+            raise ValueError(f"flightlog: StepTimer step_count must be an integer >= 0, got {value!r}")
+        ctx = self._context
+        ctx.step_count = self._window_start = value
+        ctx.log_at = (value // self.logging_steps + 1) * self.logging_steps
+        ctx.busy_s = ctx.data_s = 0.0
 
     # --------------------------------------------------------------- data wait
     def data(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """Yield from ``iterable``, counting the time spent waiting in ``next()`` as data time."""
+        ctx = self._context
         iterator = iter(iterable)
         while True:
             t0 = _clock()
@@ -123,12 +151,12 @@ class StepTimer:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._data_s += _clock() - t0
+            ctx.data_s += _clock() - t0
             yield item
 
     def waiting(self) -> "_Waiting":
         """``with timer.waiting(): batch = next(it)`` for loops that fetch data themselves."""
-        return _Waiting(self)
+        return _Waiting(self._context)
 
     # --------------------------------------------------------------- steps
     def step(self, *, samples: int | None = None, tokens: Any = None) -> "_Step":
@@ -140,7 +168,7 @@ class StepTimer:
 
     @property
     def next_is_logged(self) -> bool:
-        return (self.step_count + 1) % self.logging_steps == 0
+        return self._context.step_count + 1 == self._context.log_at
 
     def _count_sizes(self, sizes: tuple[Any, Any]) -> None:
         """A completed step that named its own samples and/or tokens."""
@@ -149,58 +177,90 @@ class StepTimer:
         self._samples = self._samples + (samples if samples is not None else (self.batch_size or 0))
         self._tokens = self._tokens + (tokens if tokens is not None else (self.tokens_per_step or 0))
 
-    def _take_window(self, into: dict[str, Any]) -> None:
-        """Add the averages over the steps since the last record to ``into``; start a new window."""
-        steps = self.step_count - self._window_start
+    def _take_window(self, ctx: "_Step") -> tuple[int, float, float, Any, Any]:
+        """The window since the last record: (steps, seconds, of them waiting for data,
+        samples, tokens), for :func:`window_averages`; a new window starts."""
+        steps = ctx.step_count - self._window_start
         plain = steps - self._overridden  # steps that took the per-step defaults
-        samples = self._samples + plain * (self.batch_size or 0)
-        tokens = self._tokens + plain * (self.tokens_per_step or 0)
-        window_averages(steps, self._busy_s + self._data_s, self._data_s, samples, tokens, into)
-        self._window_start = self.step_count
-        self._busy_s = self._data_s = 0.0
+        window = (
+            steps, ctx.busy_s + ctx.data_s, ctx.data_s,
+            self._samples + plain * (self.batch_size or 0), self._tokens + plain * (self.tokens_per_step or 0),
+        )
+        self._window_start = ctx.step_count
+        ctx.busy_s = ctx.data_s = 0.0
         self._overridden = 0
         self._samples = self._tokens = 0
+        return window
 
     def _emit(self, ctx: "_Step") -> None:
-        """A logging step ended: its metrics, the window's averages and the collectors' values."""
+        """A logging step ended: hand its metrics, the window and the collectors' readings over."""
         metrics = ctx.metrics
         ctx.metrics = {}
-        self._take_window(metrics)
-        if self.collectors is not None:
-            for key, value in self.collectors.collect(self.step_count).items():
-                metrics.setdefault(key, value)
-        self.run.log(metrics, step=self.step_count, epoch=ctx.epoch)
+        step, epoch = ctx.step_count, ctx.epoch
         ctx.epoch = None
+        window = self._take_window(ctx)
+        collectors = self.collectors
+        captured = collectors.capture(step) if collectors is not None else None
+        run = self.run
+        args = (metrics, window, collectors, captured, step)
+        if self._builds_on_writer and not run._hooks and type(window[3]) is int and type(window[4]) is int:
+            run._log_built(STEP_RECORDS, args, step, epoch)
+        else:  # the whole record now: hooks and reductions see it; tensor sizes divide here
+            run.log(build_step_record(*args), step=step, epoch=epoch)
 
 
+def build_step_record(metrics: dict[str, Any], window: tuple[int, float, float, Any, Any], collectors: "Collectors | None", captured: Any, step: int) -> dict[str, Any]:
+    """A StepTimer record: the loop's own metrics, then (where the loop did not log them)
+    the window's averages and the collectors' metrics."""
+    window_averages(*window, metrics)
+    if collectors is not None:
+        collectors.fill(metrics, step, captured)
+    return metrics
+
+
+class _StepRecords:
+    """Builds StepTimer records on the writer thread, a drained chunk's at once."""
+
+    @staticmethod
+    def build_many(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        resolve_together([a[3][2][0] for a in args if a[3] is not None and a[3][2] is not None])
+        return [build_step_record(*a) for a in args]
+
+
+STEP_RECORDS = _StepRecords()
 _ABSENT: Any = object()
 
 
 class _Step:
-    """The reusable context object ``StepTimer.step()`` returns (no allocation per step).
+    """The reusable context object ``StepTimer.step()`` returns (no allocation per step),
+    and the holder of the step count and the window's running totals.
 
     Every step pays its methods with the caches cold after forward/backward/optimizer
     (each Python operation costs several times its warm micro-benchmark there), so a
-    plain step does as little as it can: no dict, no float kept but two running totals,
-    no attribute written that a plain step does not change; a logging step does the rest.
+    plain step touches this one object only: two clock reads, two additions, no dict, no
+    attribute written that a plain step does not change; a logging step does the rest.
     """
 
-    __slots__ = ("timer", "t0", "metrics", "sizes", "epoch", "logged")
+    __slots__ = ("timer", "t0", "step_count", "log_at", "busy_s", "data_s", "metrics", "sizes", "epoch", "logged")
 
-    def __init__(self, timer: StepTimer) -> None:
+    def __init__(self, timer: StepTimer, step_count: int) -> None:
         self.timer = timer
         self.t0 = 0.0
+        self.step_count = step_count  # completed steps
+        self.log_at = (step_count // timer.logging_steps + 1) * timer.logging_steps  # the next logged step
+        self.busy_s = 0.0  # the window's time inside step contexts
+        self.data_s = 0.0  # and waiting for data (timer.data(), timer.waiting())
         self.metrics: dict[str, Any] = {}
         self.sizes: tuple[Any, Any] | None = None  # this step's own (samples, tokens), if given
         self.epoch: float | None = None
         self.logged = False
 
     def __enter__(self) -> "_Step":
-        timer = self.timer
-        if (timer.step_count + 1) % timer.logging_steps == 0:
+        if self.step_count + 1 == self.log_at:
             self.logged = True
-            if timer.collectors is not None:
-                timer.collectors.arm()
+            collectors = self.timer.collectors
+            if collectors is not None:
+                collectors.arm()
         self.t0 = _clock()
         return self
 
@@ -224,32 +284,31 @@ class _Step:
             self.epoch = epoch
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        elapsed = _clock() - self.t0
-        timer = self.timer
         if exc_type is not None:  # the step did not complete: it counts nowhere
             self.metrics.clear()
             self.logged = False
             self.sizes = None
             return
-        timer._busy_s += elapsed
-        timer.step_count += 1
+        self.busy_s += _clock() - self.t0
+        self.step_count += 1
         if self.sizes is not None:
-            timer._count_sizes(self.sizes)
+            self.timer._count_sizes(self.sizes)
             self.sizes = None
         if self.logged:
             self.logged = False
-            timer._emit(self)
+            self.log_at += self.timer.logging_steps
+            self.timer._emit(self)
 
 
 class _Waiting:
-    __slots__ = ("timer", "t0")
+    __slots__ = ("ctx", "t0")
 
-    def __init__(self, timer: StepTimer) -> None:
-        self.timer = timer
+    def __init__(self, ctx: _Step) -> None:
+        self.ctx = ctx
         self.t0 = 0.0
 
     def __enter__(self) -> None:
         self.t0 = _clock()
 
     def __exit__(self, *exc: Any) -> None:
-        self.timer._data_s += _clock() - self.t0
+        self.ctx.data_s += _clock() - self.t0

@@ -17,11 +17,11 @@ import threading
 import time
 import traceback
 from itertools import chain, compress, repeat
-from operator import mul
+from operator import itemgetter, mul
 from typing import Any, Callable, Iterable, Sequence
 
 from flightlog.pipeline.processors import DropRecord, Processor, Record
-from flightlog.pipeline.queue import PLAIN_METRICS, RecordQueue
+from flightlog.pipeline.queue import BUILT_METRICS, PLAIN_METRICS, RecordQueue
 from flightlog.pipeline.summary import SummaryTracker
 from flightlog.protocol import EVENT, METRICS, NONFINITE_STRINGS, format_timestamp
 from flightlog.sinks.base import Sink
@@ -40,6 +40,7 @@ ERROR_REPORT_INTERVAL = 60.0  # seconds between repeated reports of the same fai
 # A queued item: (type, unix time, step, epoch, fields).
 Item = tuple[str, float, Any, Any, dict[str, Any]]
 _flatten = chain.from_iterable
+_kind = itemgetter(0)
 _STR = frozenset({str})
 _SCALAR_TYPES = _NUMBER_TYPES | {str, type(None)}
 _NO_KEYS: frozenset[Any] = frozenset()
@@ -184,12 +185,40 @@ class Writer:
             items = queue.drain(CHUNK)
             if not items and not self._emitted:
                 return
+            if BUILT_METRICS in map(_kind, items):
+                self._build(items)
             batch = self._finish(items)
             if batch:
                 self._write(batch)
             if clock() - started >= YIELD_AFTER:
                 time.sleep(0)  # let a waiting training thread run (see CHUNK)
                 started = clock()
+
+    def _build(self, items: list[Item]) -> None:
+        """Turn the chunk's ``BUILT_METRICS`` items into metrics items, in place, one
+        ``build_many`` call per builder. A builder that fails keeps the loop's own metrics
+        of its records (``args[0]``) and is reported; nothing else is lost."""
+        by_builder: dict[int, tuple[Any, list[int]]] = {}
+        for i, item in enumerate(items):
+            if item[0] == BUILT_METRICS:
+                builder = item[4][0]
+                by_builder.setdefault(id(builder), (builder, []))[1].append(i)
+        for builder, indexes in by_builder.values():
+            args = [items[i][4][1] for i in indexes]
+            try:
+                built = builder.build_many(args)
+            except Exception:
+                built = [self._build_one(builder, a) for a in args]
+            for i, fields in zip(indexes, built):
+                _, t, step, epoch, _ = items[i]
+                items[i] = (METRICS, t, step, epoch, fields)
+
+    def _build_one(self, builder: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+        try:
+            return builder.build_many([args])[0]
+        except Exception as exc:
+            self._report("writer", f"build:{type(exc).__name__}", f"could not put together a metrics record ({type(exc).__name__}: {exc}); its logged metrics were kept, the fields flightlog adds were dropped")
+            return args[0]
 
     def _finish(self, items: list[Item]) -> list[Record]:
         try:
