@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from flightlog.values import resolve_together
+from flightlog.values import Derived, resolve_together
 
 if TYPE_CHECKING:
     from flightlog.collect.collectors import Collectors
@@ -224,7 +224,21 @@ class _StepRecords:
     @staticmethod
     def build_many(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         resolve_together([a[3][2][0] for a in args if a[3] is not None and a[3][2] is not None])
-        return [build_step_record(*a) for a in args]
+        records = [build_step_record(*a) for a in args]
+        # The gradient norms as numbers now, so that the writer finishes these records on
+        # its all-plain-values path; one that cannot be read stays for it to report by name.
+        for metrics in records:
+            for key in _NORM_KEYS:
+                value = metrics.get(key)
+                if type(value) is Derived:
+                    try:
+                        metrics[key] = value.value()
+                    except Exception:
+                        pass
+        return records
+
+
+_NORM_KEYS = ("grad_norm", "grad_norm_adapter", "grad_norm_backbone")
 
 
 STEP_RECORDS = _StepRecords()
