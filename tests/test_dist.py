@@ -218,6 +218,45 @@ def test_one_rank_group_goes_through_the_reduction(tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
+def test_step_timer_records_are_whole_when_a_group_reduces_them(tmp_path: Path) -> None:
+    """Under a distributed run StepTimer hands run.log whole records (the reduction needs
+    every value at once): the collectors' fields go through the one-rank gloo group."""
+    import math
+
+    import torch
+    import torch.distributed as dist
+
+    from flightlog.collect import Collectors, StepTimer
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        expected: dict[int, float] = {}
+        with flightlog.init(output_dir=tmp_path, sinks=["jsonl"], logging_steps=2, install_signal_handlers=False) as run:
+            assert type(run).__name__ == "DistributedRun"
+            timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, warmup_steps=2, system=False), batch_size=8)
+            for _ in range(4):
+                with timer.step() as step:
+                    loss = model(torch.randn(8, 4)).pow(2).mean()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if timer.next_is_logged:
+                        expected[timer.step_count + 1] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf))
+                    opt.step()
+                    step.log(loss=loss)
+        records = metrics_by_step(read(tmp_path / "logs" / "train.jsonl"))
+        assert sorted(records) == [2, 4]
+        for step_number, record in records.items():
+            assert record["grad_norm"] == pytest.approx(expected[step_number], rel=1e-5)
+            assert record["learning_rate"] == 0.05 and record["precision"] == "fp32"
+            assert record["step_time_s"] > 0 and record["throughput_samples_per_sec"] > 0 and type(record["loss"]) is float
+        assert [records[2]["stage"], records[4]["stage"]] == ["warmup", "stable"]
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_nccl_one_rank_no_host_sync(tmp_path: Path) -> None:

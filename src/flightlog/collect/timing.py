@@ -200,10 +200,13 @@ class StepTimer:
         ctx.epoch = None
         window = self._take_window(ctx)
         collectors = self.collectors
-        captured = collectors.capture(step) if collectors is not None else None
         run = self.run
+        on_writer = self._builds_on_writer and not run._hooks and type(window[3]) is int and type(window[4]) is int
+        # Built on the writer: device tensors start their host copies now. Built here:
+        # left as they are for run.log (a distributed run reduces them on the device).
+        captured = collectors.capture(step, snapshot=on_writer) if collectors is not None else None
         args = (metrics, window, collectors, captured, step)
-        if self._builds_on_writer and not run._hooks and type(window[3]) is int and type(window[4]) is int:
+        if on_writer:
             run._log_built(STEP_RECORDS, args, step, epoch)
         else:  # the whole record now: hooks and reductions see it; tensor sizes divide here
             run.log(build_step_record(*args), step=step, epoch=epoch)
