@@ -330,20 +330,18 @@ class TestStepTimer:
         """A builder failing on the writer thread costs the fields it adds, never the loop's
         own metrics or the other records; the failure is reported."""
 
-        class Broken:
-            @staticmethod
-            def build_many(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-                out = []
-                for metrics, fail in args:
-                    if fail:
-                        raise ValueError("no window")
-                    out.append({**metrics, "extra": 1.0})
-                return out
+        def broken(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+            out = []
+            for metrics, fail in args:
+                if fail:
+                    raise ValueError("no window")
+                out.append({**metrics, "extra": 1.0})
+            return out
 
         run = make_run(tmp_path)
-        run._log_built(Broken(), ({"loss": torch.tensor(0.5)}, False), 1, None)
-        run._log_built(Broken(), ({"loss": 0.25}, True), 2, None)
-        run._log_built(Broken(), ({"loss": 0.125}, False), 3, None)
+        run._log_built(broken, ({"loss": torch.tensor(0.5)}, False), 1, None)
+        run._log_built(broken, ({"loss": 0.25}, True), 2, None)
+        run._log_built(broken, ({"loss": 0.125}, False), 3, None)
         run.finish()
         assert [{k: r[k] for k in r if k in ("step", "loss", "extra")} for r in records(run)] == [
             {"step": 1, "loss": 0.5, "extra": 1.0}, {"step": 2, "loss": 0.25}, {"step": 3, "loss": 0.125, "extra": 1.0},

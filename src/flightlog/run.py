@@ -234,7 +234,7 @@ class Run:
             return
         items.append((kind, _time(), step, epoch, data))
 
-    def _log_built(self, builder: Any, args: tuple[Any, ...], step: int, epoch: float | None) -> None:
+    def _log_built(self, build: Callable[[list[tuple[Any, ...]]], list[dict[str, Any]]], args: tuple[Any, ...], step: int, epoch: float | None) -> None:
         """A metrics record the writer thread puts together from ``args`` (StepTimer's: see
         :data:`flightlog.pipeline.queue.BUILT_METRICS`): kept or thinned as ``log`` would,
         the loop's own metrics (``args[0]``, a dict of flightlog's) snapshotted here, the
@@ -245,10 +245,7 @@ class Run:
         if self._thinning and not self._keep(step, epoch, metrics):
             return
         snapshot_in_place(metrics)
-        items = self._items
-        if len(items) >= self._maxsize and not self._make_room():
-            return
-        items.append((BUILT_METRICS, _time(), step, epoch, (builder, args)))
+        self._put((BUILT_METRICS, _time(), step, epoch, (build, args)))
 
     def _make_room(self) -> bool:
         """The queue is full, or the run is finished (maxsize -1): apply the policy."""

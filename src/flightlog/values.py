@@ -178,7 +178,7 @@ def is_tensor_type(kind: type) -> bool:
 def snapshot_value(value: Any) -> Any:
     """Called on the training thread for a non-plain value: capture it without syncing."""
     kind = type(value)
-    if kind in _TENSOR_TYPES or is_tensor_type(kind):
+    if kind in _TENSOR_TYPES or is_tensor_type(kind):  # (its first test inlined: Run.log's path)
         if value.is_cuda:
             import torch
 

@@ -201,13 +201,14 @@ class StepTimer:
         window = self._take_window(ctx)
         collectors = self.collectors
         run = self.run
-        on_writer = self._builds_on_writer and not run._hooks and type(window[3]) is int and type(window[4]) is int
+        samples, tokens = window[3], window[4]
+        on_writer = self._builds_on_writer and not run._hooks and type(samples) is int and type(tokens) is int
         # Built on the writer: device tensors start their host copies now. Built here:
         # left as they are for run.log (a distributed run reduces them on the device).
         captured = collectors.capture(step, snapshot=on_writer) if collectors is not None else None
         args = (metrics, window, collectors, captured, step)
         if on_writer:
-            run._log_built(STEP_RECORDS, args, step, epoch)
+            run._log_built(build_step_records, args, step, epoch)
         else:  # the whole record now: hooks and reductions see it; tensor sizes divide here
             run.log(build_step_record(*args), step=step, epoch=epoch)
 
@@ -221,30 +222,28 @@ def build_step_record(metrics: dict[str, Any], window: tuple[int, float, float, 
     return metrics
 
 
-class _StepRecords:
-    """Builds StepTimer records on the writer thread, a drained chunk's at once."""
+def build_step_records(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """StepTimer's records, put together on the writer thread (a drained chunk's at once:
+    see :data:`flightlog.pipeline.queue.BUILT_METRICS`). The chunk's CPU norm vectors are
+    read together, and derived values become numbers now, so that the writer finishes
+    these records on its all-plain-values path; one that cannot be read stays for it to
+    report by name."""
+    vectors = []
+    for _metrics, _window, _collectors, captured, _step in args:
+        if captured is not None and captured[2] is not None:
+            vectors.append(captured[2][0])  # (lr, scale, (norm vector, adapters), memory)
+    resolve_together(vectors)
+    records = [build_step_record(*a) for a in args]
+    for metrics in records:
+        for key, value in metrics.items():
+            if type(value) is Derived:
+                try:
+                    metrics[key] = value.value()
+                except Exception:
+                    pass
+    return records
 
-    @staticmethod
-    def build_many(args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-        resolve_together([a[3][2][0] for a in args if a[3] is not None and a[3][2] is not None])
-        records = [build_step_record(*a) for a in args]
-        # The gradient norms as numbers now, so that the writer finishes these records on
-        # its all-plain-values path; one that cannot be read stays for it to report by name.
-        for metrics in records:
-            for key in _NORM_KEYS:
-                value = metrics.get(key)
-                if type(value) is Derived:
-                    try:
-                        metrics[key] = value.value()
-                    except Exception:
-                        pass
-        return records
 
-
-_NORM_KEYS = ("grad_norm", "grad_norm_adapter", "grad_norm_backbone")
-
-
-STEP_RECORDS = _StepRecords()
 _ABSENT: Any = object()
 
 

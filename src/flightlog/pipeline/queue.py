@@ -21,9 +21,9 @@ from typing import Any
 # Run.log found to be plain Python scalars (float, int, bool, str, None) when it copied
 # them, so the writer need not look at their types again (it still checks for NaN).
 PLAIN_METRICS = "metrics/plain"
-# And a metrics record the writer thread puts together: its fields are ``(builder,
-# args)``; ``builder.build_many(list_of_args)`` returns the records' metrics dicts, and
-# ``args[0]`` is the loop's own metrics, kept as they are should building fail.
+# And a metrics record the writer thread puts together: its fields are ``(build, args)``;
+# ``build(list_of_args)`` returns the metrics dicts of a chunk's records built by that
+# function, and ``args[0]`` is the loop's own metrics, kept as they are should it fail.
 BUILT_METRICS = "metrics/built"
 
 

@@ -195,27 +195,26 @@ class Writer:
                 started = clock()
 
     def _build(self, items: list[Item]) -> None:
-        """Turn the chunk's ``BUILT_METRICS`` items into metrics items, in place, one
-        ``build_many`` call per builder. A builder that fails keeps the loop's own metrics
-        of its records (``args[0]``) and is reported; nothing else is lost."""
-        by_builder: dict[int, tuple[Any, list[int]]] = {}
+        """Turn the chunk's ``BUILT_METRICS`` items into metrics items, in place, one call
+        per build function. A build that fails keeps the loop's own metrics of its records
+        (``args[0]``) and is reported; nothing else is lost."""
+        by_build: dict[Any, list[int]] = {}
         for i, item in enumerate(items):
             if item[0] == BUILT_METRICS:
-                builder = item[4][0]
-                by_builder.setdefault(id(builder), (builder, []))[1].append(i)
-        for builder, indexes in by_builder.values():
+                by_build.setdefault(item[4][0], []).append(i)
+        for build, indexes in by_build.items():
             args = [items[i][4][1] for i in indexes]
             try:
-                built = builder.build_many(args)
+                built = build(args)
             except Exception:
-                built = [self._build_one(builder, a) for a in args]
+                built = [self._build_one(build, a) for a in args]
             for i, fields in zip(indexes, built):
                 _, t, step, epoch, _ = items[i]
                 items[i] = (METRICS, t, step, epoch, fields)
 
-    def _build_one(self, builder: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    def _build_one(self, build: Callable[[list[tuple[Any, ...]]], list[dict[str, Any]]], args: tuple[Any, ...]) -> dict[str, Any]:
         try:
-            return builder.build_many([args])[0]
+            return build([args])[0]
         except Exception as exc:
             self._report("writer", f"build:{type(exc).__name__}", f"could not put together a metrics record ({type(exc).__name__}: {exc}); its logged metrics were kept, the fields flightlog adds were dropped")
             return args[0]
