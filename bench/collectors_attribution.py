@@ -13,8 +13,8 @@ more bare block. Configurations:
 * ``timer``: StepTimer and the loss only, no collectors;
 * ``plain``: a StepTimer that never logs (the per-step machinery alone).
 
-Every configuration shares the optimizer, so the bare blocks also pay the unarmed
-pre-step hooks of the two Collectors (a Python call each per step).
+Every configuration shares the optimizer; the Collectors' pre-step hook is on it only
+during a logging step of theirs, so the bare blocks pay nothing of flightlog's.
 """
 
 from __future__ import annotations

@@ -168,7 +168,8 @@ class TestSchedule:
 class TestStepTimer:
     def test_loop_records_timing_lr_stage_and_grad_norms(self, tmp_path: Path) -> None:
         """Every 5th step a record with timing averages, lr, stage, and grad norms taken
-        before the optimizer step even though the loop zeroes gradients right after it."""
+        before the optimizer step even though the loop zeroes gradients right after it;
+        the optimizer carries flightlog's pre-step hook on those steps only."""
         torch.manual_seed(0)
         model = nn.Sequential(LoRALinear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         model[2].requires_grad_(False)  # the whole backbone is frozen, as in LoRA fine-tuning
@@ -184,6 +185,7 @@ class TestStepTimer:
 
         expected: dict[int, float] = {}
         lrs: dict[int, float] = {}
+        hooks: list[int] = []
         for x in timer.data(loader()):
             with timer.step() as step:
                 loss = model(x).pow(2).mean()
@@ -191,11 +193,13 @@ class TestStepTimer:
                 if timer.next_is_logged:
                     expected[timer.step_count + 1] = float(nn.utils.clip_grad_norm_(model.parameters(), math.inf))
                 lrs[timer.step_count + 1] = opt.param_groups[0]["lr"]
+                hooks.append(len(opt._optimizer_step_pre_hooks))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 sched.step()
                 step.log(loss=loss.detach())
         run.finish()
+        assert hooks == [1 if (i + 1) % 5 == 0 else 0 for i in range(20)] and not opt._optimizer_step_pre_hooks
         recs = records(run)
         assert [r["step"] for r in recs] == [5, 10, 15, 20]
         for r in recs:
@@ -257,22 +261,27 @@ class TestStepTimer:
         assert all(0.002 <= r["step_time_s"] < 0.5 for r in recs)
 
     def test_grad_scaler_scale_is_recorded(self, tmp_path: Path) -> None:
-        """An enabled GradScaler marks the run fp16 and its scale is logged without get_scale()."""
+        """An enabled GradScaler marks the run fp16 and its scale is logged without get_scale();
+        a step it skips (inf gradients: the optimizer's pre-step hook never runs) leaves no
+        hook behind, and the next step's norm is taken by the hook again."""
         model = nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         run = make_run(tmp_path)
         timer = StepTimer(run, collectors=Collectors(model=model, optimizer=opt, scaler=scaler, system=False))
-        for _ in range(2):
+        for i in range(4):
             with timer.step():
-                scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+                x = torch.full((2, 4), math.inf) if i == 2 else torch.randn(2, 4)
+                scaler.scale(model(x).sum()).backward()
                 scaler.step(opt)
                 scaler.update()
                 opt.zero_grad()
         run.finish()
         recs = records(run)
-        assert [r["grad_scaler_scale"] for r in recs] == [1024.0, 1024.0]
+        assert [r["grad_scaler_scale"] for r in recs] == [1024.0, 1024.0, 512.0, 512.0]  # (read after update(): halved by the skip)
         assert recs[0]["precision"] == "fp16" and "cpu_percent" not in recs[0]
+        assert [type(r.get("grad_norm")) for r in recs] == [float, float, type(None), float]  # (the loop zeroed the skipped step's gradients)
+        assert not opt._optimizer_step_pre_hooks
 
     def test_records_built_on_the_writer_equal_those_built_in_the_loop(self, tmp_path: Path) -> None:
         """A plain run's StepTimer records are put together on the writer thread; a run with

@@ -75,15 +75,19 @@ class Collectors:
         self.run: "Run | None" = None
         self._armed = False
         self._pending: tuple[SharedVector, int] | None = None
-        self._hook: Any = None
         self._last_summary = 0
+        # The optimizer whose pre-step hook computes the norms of a logging step. The hook
+        # is registered by arm() and removed by capture(), so the steps in between (and a
+        # loop that never arms: the integrations call capture_grads()) pay no Python call.
+        self._hooked: Any = None
+        self._hook: Any = None
         if self.grads is not None and optimizer is not None:
             inner = optimizer
             # Wrappers (Accelerate's AcceleratedOptimizer, ...) hold the real optimizer, whose hooks fire.
             while not hasattr(inner, "_optimizer_step_pre_hooks") and hasattr(inner, "optimizer"):
                 inner = inner.optimizer
             if hasattr(inner, "_optimizer_step_pre_hooks"):
-                self._hook = inner.register_step_pre_hook(self._pre_step)
+                self._hooked = inner
 
     # ------------------------------------------------------------------ wiring
     def attach(self, run: "Run") -> None:
@@ -99,19 +103,26 @@ class Collectors:
                 run.add_processor(stats)
 
     def close(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._unhook()
 
     # ------------------------------------------------------------------ gradients
     def arm(self) -> None:
         """The coming optimizer step is a logging step: compute grad norms in its pre-step hook."""
         self._armed = True
+        if self._hook is None and self._hooked is not None:
+            self._hook = self._hooked.register_step_pre_hook(self._pre_step)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # (The hook stays registered until capture(): removing it here would change the
+        # dict the optimizer is iterating over.)
         if self._armed:
             self._armed = False
             self._pending = self.grads.capture()  # type: ignore[union-attr]  (the hook exists only with grads)
+
+    def _unhook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     def capture_grads(self) -> None:
         """Compute the gradient norms now (after backward, before zero_grad); used by the next ``collect``."""
@@ -149,6 +160,8 @@ class Collectors:
             if snapshot and norms is not None:
                 norms[0].snapshot()
         self._armed = False
+        if self._hook is not None:
+            self._unhook()
         if self.memory is not None:
             memory = self.memory.read()
             if self.memory_summary_steps and step - self._last_summary >= self.memory_summary_steps and self.run is not None:
