@@ -15,8 +15,11 @@ record every 10 steps with the loss tensor, JSONL sink). Wall-time overhead of a
 median over the pairs of (on - off) / off. CPU-time overhead = the same for the
 training thread's CPU time, plus all the CPU time the writer thread used, divided by the
 "off" CPU time (so work the writer does between blocks is counted, not lost). The
-control pairs two "off" blocks: its figure is the noise floor. Reported: the median of
-the runs. A third child times each piece flightlog adds on its own.
+control pairs two "off" blocks: its figure is the noise floor. The alternative pairs
+"off" with the same loop logging the same record by hand with torch's TensorBoard
+``SummaryWriter`` (:func:`hand_rolled_tensorboard`), what a plain loop does without
+flightlog (``--no-alternative`` skips it). Reported: the median of the runs. A last
+child times each piece flightlog adds on its own.
 """
 
 from __future__ import annotations
@@ -114,7 +117,67 @@ def build_loop(model_kind: str):
     return model, opt, sched, batches, train_step, batch, batch * context
 
 
-def one_run(pairs: int, block: int, control: bool, components: bool = False, without: frozenset[str] = frozenset(), model_kind: str = "mlp") -> dict[str, float]:
+def hand_rolled_tensorboard(model, opt, batches, train_step, block: int, batch: int, tokens: int, directory: str):
+    """What a user writes instead of flightlog to get the same record every 10 steps:
+    timing by hand in the loop, the loss read with ``.item()``, the learning rate, the
+    adapter and backbone gradient norms with torch's own ``get_total_norm``, psutil at
+    most once a second, every value written with torch's ``SummaryWriter.add_scalar``
+    (its event file is written by its own thread). Returns the block function."""
+    import psutil
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(directory)
+    adapter = [p for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
+    backbone = [p for n, p in model.named_parameters() if "lora_" not in n and p.requires_grad]
+    process = psutil.Process()
+    clock = time.perf_counter
+    state = {"step": 0, "step_s": 0.0, "data_s": 0.0, "last_system": 0.0}
+
+    def norm(params: list[Any]) -> float:
+        grads = [p.grad for p in params if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+    def block_tensorboard() -> tuple[float, float]:
+        t0, c0 = clock(), time.thread_time()
+        it = iter(batches(block))
+        while True:
+            d0 = clock()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            d1 = clock()
+            loss = train_step(x, y)
+            state["step"] += 1
+            state["data_s"] += d1 - d0
+            state["step_s"] += clock() - d0
+            step = state["step"]
+            if step % LOGGING_STEPS == 0:
+                step_s, data_s = state["step_s"] / LOGGING_STEPS, state["data_s"] / LOGGING_STEPS
+                state["step_s"] = state["data_s"] = 0.0
+                adapter_norm, backbone_norm = norm(adapter), norm(backbone)
+                scalars = {
+                    "loss": loss.item(), "learning_rate": opt.param_groups[0]["lr"],
+                    "grad_norm": (adapter_norm ** 2 + backbone_norm ** 2) ** 0.5,
+                    "grad_norm_adapter": adapter_norm, "grad_norm_backbone": backbone_norm,
+                    "step_time_s": step_s, "data_time_s": data_s,
+                    "throughput_samples_per_sec": batch / step_s, "throughput_tokens_per_sec": tokens / step_s,
+                }
+                now = time.monotonic()
+                if now - state["last_system"] >= 1.0:
+                    state["last_system"] = now
+                    scalars["cpu_percent"] = process.cpu_percent()
+                    scalars["process_rss_mb"] = process.memory_info().rss / 2**20
+                    scalars["disk_used_percent"] = psutil.disk_usage(directory).percent
+                for key, value in scalars.items():
+                    writer.add_scalar(f"train/{key}", value, step)
+        return clock() - t0, time.thread_time() - c0
+
+    return block_tensorboard, writer
+
+
+def one_run(pairs: int, block: int, kind: str, components: bool = False, without: frozenset[str] = frozenset(), model_kind: str = "mlp") -> dict[str, float]:
     import flightlog
     from flightlog.collect import Collectors, StepTimer
 
@@ -140,17 +203,23 @@ def one_run(pairs: int, block: int, control: bool, components: bool = False, wit
                 step.log(loss=train_step(x, y))  # no .detach(): read only on logging steps
         return time.perf_counter() - t0, time.thread_time() - c0
 
-    writer_clock = time.pthread_getcpuclockid(run.writer._thread.ident)
-
     if components:
         return component_costs(model, opt, sched, run, timer, block_off, block)
 
-    second = block_off if control else block_on
+    tensorboard = None
+    if kind == "tensorboard":
+        second, tensorboard = hand_rolled_tensorboard(model, opt, batches, train_step, block, batch, tokens, os.path.join(out_dir, "tb"))
+    else:
+        second = block_off if kind == "control" else block_on
     for _ in range(3):  # warm-up: allocator, autograd caches, writer thread
         block_off(), second()
     run.flush()  # the writer's first-record work (rule plans, first psutil read) is warm-up too
+    if tensorboard is not None:
+        tensorboard.flush()
     ratios, cpu_ratios, off_total, on_total, off_cpu = [], [], 0.0, 0.0, 0.0
-    writer_start = time.clock_gettime(writer_clock)
+    # The CPU time of the threads other than this one (flightlog's writer, or the
+    # SummaryWriter's event-file thread): the process's, less this thread's.
+    process_start, thread_start = time.process_time(), time.thread_time()
     for i in range(pairs):
         if i % 2 == 0:
             a, b = block_off(), second()
@@ -162,12 +231,16 @@ def one_run(pairs: int, block: int, control: bool, components: bool = False, wit
         on_total += b[0]
         off_cpu += a[1]
     run.flush()
-    writer_cpu = time.clock_gettime(writer_clock) - writer_start
+    if tensorboard is not None:
+        tensorboard.flush()
+    writer_cpu = (time.process_time() - process_start) - (time.thread_time() - thread_start)
     run.finish()
+    if tensorboard is not None:
+        tensorboard.close()
     records = sum(1 for line in open(os.path.join(out_dir, "logs", "train.jsonl")) if '"metrics"' in line[:30])
     return {
         "median_pair_overhead": statistics.median(ratios),
-        # training thread's CPU time (paired) + the writer thread's CPU time over the same steps
+        # training thread's CPU time (paired) + the other threads' CPU time over the same steps
         "median_pair_cpu_overhead": statistics.median(cpu_ratios) + writer_cpu / off_cpu,
         "writer_cpu_share": writer_cpu / off_cpu,
         "total_overhead": on_total / off_total - 1,
@@ -228,18 +301,22 @@ def main() -> int:
     parser.add_argument("--without", default="", help="comma list of parts to leave out of 'on': grads, system, collectors (to see what costs what)")
     parser.add_argument("--no-control", action="store_true", help="skip the control runs")
     parser.add_argument("--model", choices=["mlp", "llama"], default="mlp", help="mlp: the 2-3 ms stress loop; llama: a small LoRA LLaMA (needs the hf extra)")
-    parser.add_argument("--child", choices=["on", "control", "components"], help=argparse.SUPPRESS)
+    parser.add_argument("--no-alternative", action="store_true", help="skip the hand-rolled TensorBoard loop")
+    parser.add_argument("--child", choices=["on", "control", "tensorboard", "components"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in MALLOC.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
     if args.child:
         without = frozenset(w for w in args.without.split(",") if w)
-        print(json.dumps(one_run(args.pairs, args.block, args.child == "control", args.child == "components", without, args.model)))
+        print(json.dumps(one_run(args.pairs, args.block, args.child, args.child == "components", without, args.model)))
         return 0
 
-    results: dict[str, list[dict[str, float]]] = {"on": [], "control": []}
+    results: dict[str, list[dict[str, float]]] = {"on": [], "control": [], "tensorboard": []}
+    kinds = ["on"] if args.no_control else ["control", "on"]
+    if not args.no_alternative:
+        kinds.append("tensorboard")
     for _ in range(args.runs):
-        for kind in ("on",) if args.no_control else ("control", "on"):
+        for kind in kinds:
             out = subprocess.run(
                 [sys.executable, __file__, "--child", kind, "--pairs", str(args.pairs), "--block", str(args.block), "--without", args.without, "--model", args.model],
                 capture_output=True, text=True, check=True,
@@ -259,7 +336,8 @@ def main() -> int:
     print("| loop | step time (off) | wall-time overhead per run (median of pairs) | median of runs | CPU-time overhead, median of runs |")
     print("|---|---:|---|---:|---:|")
     on_label = f"without {args.without}" if args.without else "all collectors, log every 10 steps"
-    for kind, label in (("control", "no-logging control (off vs off)"), ("on", on_label)):
+    alternative = "instead: the same record by hand, torch SummaryWriter (TensorBoard)"
+    for kind, label in (("control", "no-logging control (off vs off)"), ("on", on_label), ("tensorboard", alternative)):
         runs = results[kind]
         if not runs:
             continue
@@ -271,6 +349,7 @@ def main() -> int:
     print()
     print("records written per 'on' run:", [r["records"] for r in results["on"]],
           "| writer thread CPU / training CPU:", ", ".join(f"{r['writer_cpu_share'] * 100:.2f}%" for r in results["on"]),
+          "| (SummaryWriter's thread:", ", ".join(f"{r['writer_cpu_share'] * 100:.2f}%" for r in results["tensorboard"]) + ")",
           "| total-time overhead per 'on' run:", ", ".join(f"{r['total_overhead'] * 100:+.2f}%" for r in results["on"]))
     print()
     print("Each piece timed alone (best of 5, same model):")
