@@ -117,12 +117,13 @@ def build_loop(model_kind: str):
     return model, opt, sched, batches, train_step, batch, batch * context
 
 
-def hand_rolled_tensorboard(model, opt, batches, train_step, block: int, batch: int, tokens: int, directory: str):
+def hand_rolled_tensorboard(model, opt, train_step, batch: int, tokens: int, directory: str):
     """What a user writes instead of flightlog to get the same record every 10 steps:
     timing by hand in the loop, the loss read with ``.item()``, the learning rate, the
     adapter and backbone gradient norms with torch's own ``get_total_norm``, psutil at
     most once a second, every value written with torch's ``SummaryWriter.add_scalar``
-    (its event file is written by its own thread). Returns the block function."""
+    (its event file is written by its own thread). Returns ``one_step(iterator)``, which
+    trains on the iterator's next batch (False when it is exhausted), and the writer."""
     import psutil
     import torch
     from torch.utils.tensorboard import SummaryWriter
@@ -138,43 +139,40 @@ def hand_rolled_tensorboard(model, opt, batches, train_step, block: int, batch: 
         grads = [p.grad for p in params if p.grad is not None]
         return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
-    def block_tensorboard() -> tuple[float, float]:
-        t0, c0 = clock(), time.thread_time()
-        it = iter(batches(block))
-        while True:
-            d0 = clock()
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            d1 = clock()
-            loss = train_step(x, y)
-            state["step"] += 1
-            state["data_s"] += d1 - d0
-            state["step_s"] += clock() - d0
-            step = state["step"]
-            if step % LOGGING_STEPS == 0:
-                step_s, data_s = state["step_s"] / LOGGING_STEPS, state["data_s"] / LOGGING_STEPS
-                state["step_s"] = state["data_s"] = 0.0
-                adapter_norm, backbone_norm = norm(adapter), norm(backbone)
-                scalars = {
-                    "loss": loss.item(), "learning_rate": opt.param_groups[0]["lr"],
-                    "grad_norm": (adapter_norm ** 2 + backbone_norm ** 2) ** 0.5,
-                    "grad_norm_adapter": adapter_norm, "grad_norm_backbone": backbone_norm,
-                    "step_time_s": step_s, "data_time_s": data_s,
-                    "throughput_samples_per_sec": batch / step_s, "throughput_tokens_per_sec": tokens / step_s,
-                }
-                now = time.monotonic()
-                if now - state["last_system"] >= 1.0:
-                    state["last_system"] = now
-                    scalars["cpu_percent"] = process.cpu_percent()
-                    scalars["process_rss_mb"] = process.memory_info().rss / 2**20
-                    scalars["disk_used_percent"] = psutil.disk_usage(directory).percent
-                for key, value in scalars.items():
-                    writer.add_scalar(f"train/{key}", value, step)
-        return clock() - t0, time.thread_time() - c0
+    def one_step(it: Any) -> bool:
+        d0 = clock()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            return False
+        d1 = clock()
+        loss = train_step(x, y)
+        state["step"] += 1
+        state["data_s"] += d1 - d0
+        state["step_s"] += clock() - d0
+        step = state["step"]
+        if step % LOGGING_STEPS == 0:
+            step_s, data_s = state["step_s"] / LOGGING_STEPS, state["data_s"] / LOGGING_STEPS
+            state["step_s"] = state["data_s"] = 0.0
+            adapter_norm, backbone_norm = norm(adapter), norm(backbone)
+            scalars = {
+                "loss": loss.item(), "learning_rate": opt.param_groups[0]["lr"],
+                "grad_norm": (adapter_norm ** 2 + backbone_norm ** 2) ** 0.5,
+                "grad_norm_adapter": adapter_norm, "grad_norm_backbone": backbone_norm,
+                "step_time_s": step_s, "data_time_s": data_s,
+                "throughput_samples_per_sec": batch / step_s, "throughput_tokens_per_sec": tokens / step_s,
+            }
+            now = time.monotonic()
+            if now - state["last_system"] >= 1.0:
+                state["last_system"] = now
+                scalars["cpu_percent"] = process.cpu_percent()
+                scalars["process_rss_mb"] = process.memory_info().rss / 2**20
+                scalars["disk_used_percent"] = psutil.disk_usage(directory).percent
+            for key, value in scalars.items():
+                writer.add_scalar(f"train/{key}", value, step)
+        return True
 
-    return block_tensorboard, writer
+    return one_step, writer
 
 
 def one_run(pairs: int, block: int, kind: str, components: bool = False, without: frozenset[str] = frozenset(), model_kind: str = "mlp") -> dict[str, float]:
@@ -208,7 +206,14 @@ def one_run(pairs: int, block: int, kind: str, components: bool = False, without
 
     tensorboard = None
     if kind == "tensorboard":
-        second, tensorboard = hand_rolled_tensorboard(model, opt, batches, train_step, block, batch, tokens, os.path.join(out_dir, "tb"))
+        tensorboard_step, tensorboard = hand_rolled_tensorboard(model, opt, train_step, batch, tokens, os.path.join(out_dir, "tb"))
+
+        def second() -> tuple[float, float]:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            it = iter(batches(block))
+            while tensorboard_step(it):
+                pass
+            return time.perf_counter() - t0, time.thread_time() - c0
     else:
         second = block_off if kind == "control" else block_on
     for _ in range(3):  # warm-up: allocator, autograd caches, writer thread
