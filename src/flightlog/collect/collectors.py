@@ -160,8 +160,7 @@ class Collectors:
             if snapshot and norms is not None:
                 norms[0].snapshot()
         self._armed = False
-        if self._hook is not None:
-            self._unhook()
+        self._unhook()
         if self.memory is not None:
             memory = self.memory.read()
             if self.memory_summary_steps and step - self._last_summary >= self.memory_summary_steps and self.run is not None:
