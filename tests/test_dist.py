@@ -201,6 +201,7 @@ def test_one_rank_group_goes_through_the_reduction(tmp_path: Path) -> None:
 
             norms = GradNorms(layer.named_parameters()).compute()  # values derived from one vector
             run.log({"loss": 0.25, **norms}, step=3)
+            run.log({"loss": 0.125, "shape": torch.Size([1])}, step=4)  # a torch object, not a tensor: refused by name on the writer
             expected_norm = float(torch.nn.utils.clip_grad_norm_(layer.parameters(), float("inf")))
         records = metrics_by_step(read(tmp_path / "logs" / "train.jsonl"))
         assert records[3]["grad_norm"] == pytest.approx(expected_norm, rel=1e-6)
@@ -212,6 +213,7 @@ def test_one_rank_group_goes_through_the_reduction(tmp_path: Path) -> None:
         assert first["stage"] == "warmup" and first["ok"] is True and first["gpu_memory_mb"] == 7.5
         assert first["peak_memory_rank"] == 0 and "slowest_rank" not in first
         assert records[2]["throughput_samples_per_sec"] == 10 and type(records[2]["throughput_samples_per_sec"]) is int
+        assert records[4]["loss"] == 0.125 and "shape" not in records[4]
         local = metrics_by_step(read(tmp_path / "logs" / "rank-0.jsonl"))
         assert local[1]["rank"] == 0 and local[1]["loss"] == 1.25
     finally:

@@ -25,7 +25,7 @@ from typing import Any
 
 from flightlog.dist.comm import Comm
 from flightlog.dist.policy import Policy
-from flightlog.values import Derived, PendingTensor
+from flightlog.values import Derived, PendingTensor, is_tensor_type
 
 SUMMED = ("mean", "sum")
 ROWED = ("max", "min")
@@ -212,7 +212,7 @@ def _number(value: Any, device_ok: bool) -> Any:
         if getattr(value, "size", 0) == 1 and getattr(value, "dtype", None) is not None and value.dtype.kind in "fiu":
             return value.item()
         return None
-    if module.startswith("torch") and hasattr(value, "numel"):
+    if is_tensor_type(kind):  # (not torch.Size and the like: torch objects without a dtype)
         if value.numel() != 1 or value.dtype.is_complex or value.dtype == _torch_bool():
             return None
         if value.is_cuda and device_ok:
