@@ -114,11 +114,12 @@ class StepTimer:
         self.tokens_per_step = tokens_per_step
         # The window since the last record: the step context keeps the running totals (the
         # averages are worked out for the record); steps that named their own sizes here.
-        self._window_start = start_step
+        self._window_start = 0
         self._overridden = 0
         self._samples: Any = 0
         self._tokens: Any = 0
-        self._context = _Step(self, start_step)
+        self._context = _Step(self)
+        self.step_count = start_step  # (also the step context's next logging step)
         from flightlog.run import Run
 
         # A plain Run takes records the writer thread puts together; a subclass (a
@@ -259,11 +260,11 @@ class _Step:
 
     __slots__ = ("timer", "t0", "step_count", "log_at", "busy_s", "data_s", "metrics", "sizes", "epoch", "logged")
 
-    def __init__(self, timer: StepTimer, step_count: int) -> None:
+    def __init__(self, timer: StepTimer) -> None:
         self.timer = timer
         self.t0 = 0.0
-        self.step_count = step_count  # completed steps
-        self.log_at = (step_count // timer.logging_steps + 1) * timer.logging_steps  # the next logged step
+        self.step_count = 0  # completed steps (StepTimer.step_count sets it and log_at)
+        self.log_at = 0  # the next logged step
         self.busy_s = 0.0  # the window's time inside step contexts
         self.data_s = 0.0  # and waiting for data (timer.data(), timer.waiting())
         self.metrics: dict[str, Any] = {}
